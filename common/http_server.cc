@@ -1,0 +1,72 @@
+#include "common/http_server.h"
+
+#include <httplib.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "prometheus/text_serializer.h"
+
+namespace shardcache {
+
+absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& flag,
+                                                          const std::string& address) {
+  size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, ": \"", address, "\" is not host:port (e.g. 127.0.0.1:7070, 0.0.0.0:0)"));
+  }
+  std::string host = address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return std::make_pair(host, port);
+}
+
+HttpServer::HttpServer(std::shared_ptr<prometheus::Registry> registry, ReadinessCheck readiness)
+    : registry_(std::move(registry)), readiness_(std::move(readiness)) {}
+
+HttpServer::~HttpServer() { Stop(); }
+
+absl::StatusOr<int> HttpServer::Start(const std::string& address) {
+  auto host_port = SplitHostPort("--http-listen", address);
+  if (!host_port.ok()) return host_port.status();
+  server_ = std::make_unique<httplib::Server>();
+  server_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    prometheus::TextSerializer serializer;
+    res.set_content(serializer.Serialize(registry_->Collect()), "text/plain; version=0.0.4");
+  });
+  server_->Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("ok\n", "text/plain");
+  });
+  server_->Get("/readyz", [this](const httplib::Request&, httplib::Response& res) {
+    absl::Status ready = readiness_ ? readiness_() : absl::OkStatus();
+    if (ready.ok()) {
+      res.set_content("ok\n", "text/plain");
+    } else {
+      res.status = 503;
+      res.set_content(absl::StrCat("not ready: ", ready.message(), "\n"), "text/plain");
+    }
+  });
+  const auto& [host, port] = *host_port;
+  int bound = port;
+  if (port == 0) {
+    bound = server_->bind_to_any_port(host);
+  } else if (!server_->bind_to_port(host, port)) {
+    bound = -1;
+  }
+  if (bound < 0) {
+    return absl::UnavailableError(absl::StrCat("--http-listen: cannot listen on ", address,
+                                               " (address in use or not local?)"));
+  }
+  thread_ = std::thread([this] { server_->listen_after_bind(); });
+  return bound;
+}
+
+void HttpServer::Stop() {
+  if (server_) server_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace shardcache

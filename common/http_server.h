@@ -1,0 +1,56 @@
+// HttpServer: the operational HTTP endpoint of a shardcache process.
+//
+//   GET /metrics  Prometheus text format of the given registry.
+//   GET /healthz  200 "ok" while the process runs (liveness).
+//   GET /readyz   200 "ok" when the readiness check passes, else 503 with the reason.
+//
+// Thread-safety: Start and Stop are called from one thread (main). The readiness check is called
+// from the server's own threads and must be thread-safe.
+#ifndef SHARDCACHE_COMMON_HTTP_SERVER_H_
+#define SHARDCACHE_COMMON_HTTP_SERVER_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "prometheus/registry.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace shardcache {
+
+class HttpServer {
+ public:
+  // Returns OK when ready, else a status whose message says why not.
+  using ReadinessCheck = std::function<absl::Status()>;
+
+  HttpServer(std::shared_ptr<prometheus::Registry> registry, ReadinessCheck readiness);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds "host:port" (port 0: any free port) and serves on a background thread. Returns the
+  // bound port, or UNAVAILABLE with the reason if the address cannot be bound.
+  absl::StatusOr<int> Start(const std::string& address);
+  // Stops serving and joins the thread. Idempotent.
+  void Stop();
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  ReadinessCheck readiness_;
+  std::unique_ptr<httplib::Server> server_;
+  std::thread thread_;
+};
+
+// Splits "host:port" (host may be "[::1]"). Returns InvalidArgument naming `flag` when malformed.
+absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& flag,
+                                                          const std::string& address);
+
+}  // namespace shardcache
+
+#endif  // SHARDCACHE_COMMON_HTTP_SERVER_H_

@@ -1,0 +1,142 @@
+#include "common/testing/server_process.h"
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace shardcache::testing {
+
+std::string BinaryPath(const std::string& relative) {
+  return absl::StrCat(SHARDCACHE_BINARY_DIR, "/", relative);
+}
+
+std::string MakeTempDir(const std::string& prefix) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string pattern = absl::StrCat(base ? base : "/tmp", "/", prefix, "-XXXXXX");
+  std::vector<char> buf(pattern.begin(), pattern.end());
+  buf.push_back('\0');
+  char* dir = mkdtemp(buf.data());
+  return dir ? std::string(dir) : std::string();
+}
+
+ServerProcess::ServerProcess(std::string binary, std::vector<std::string> args)
+    : binary_(std::move(binary)), args_(std::move(args)), dir_(MakeTempDir("server")) {}
+
+ServerProcess::~ServerProcess() {
+  if (::testing::Test::HasFailure()) {
+    std::string log = Log();
+    if (log.size() > 6000) log = "..." + log.substr(log.size() - 6000);
+    std::cerr << "--- " << binary_ << " log (" << dir_ << "/stderr.log) ---\n" << log << "---\n";
+  }
+  if (pid_ > 0) Stop(absl::Seconds(5));
+}
+
+absl::Status ServerProcess::Start(absl::Duration timeout) {
+  std::string port_file = dir_ + "/ports";
+  unlink(port_file.c_str());
+  std::vector<std::string> argv = {binary_, "--listen=127.0.0.1:" + std::to_string(grpc_port_),
+                                   "--http-listen=127.0.0.1:0", "--port-file=" + port_file};
+  argv.insert(argv.end(), args_.begin(), args_.end());
+  std::string log_path = dir_ + "/stderr.log";
+  pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid == 0) {
+    FILE* log = fopen(log_path.c_str(), "a");
+    if (log) dup2(fileno(log), STDERR_FILENO);
+    std::vector<char*> cargv;
+    for (auto& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execv(cargv[0], cargv.data());
+    _exit(127);
+  }
+  pid_ = pid;
+  absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    std::ifstream in(port_file);
+    std::string line;
+    int grpc = 0, http = 0;
+    while (std::getline(in, line)) {
+      std::pair<std::string, std::string> kv = absl::StrSplit(line, '=');
+      if (kv.first == "grpc_port") (void)absl::SimpleAtoi(kv.second, &grpc);
+      if (kv.first == "http_port") (void)absl::SimpleAtoi(kv.second, &http);
+    }
+    if (grpc > 0 && http > 0) {
+      grpc_port_ = grpc;
+      http_port_ = http;
+      return absl::OkStatus();
+    }
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return absl::InternalError(
+          absl::StrCat(binary_, " exited during start-up (status ", status, "): ", Log()));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  Signal(SIGKILL);
+  Wait(absl::Seconds(5));
+  return absl::DeadlineExceededError(absl::StrCat(binary_, " did not report its ports: ", Log()));
+}
+
+void ServerProcess::Signal(int sig) {
+  if (pid_ > 0) kill(pid_, sig);
+}
+
+int ServerProcess::Wait(absl::Duration timeout) {
+  if (pid_ <= 0) return -1;
+  absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    int status = 0;
+    pid_t r = waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      pid_ = -1;
+      return status;
+    }
+    if (absl::Now() >= deadline) return -1;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
+int ServerProcess::Stop(absl::Duration grace) {
+  if (pid_ <= 0) return -1;
+  Signal(SIGCONT);
+  Signal(SIGTERM);
+  int status = Wait(grace);
+  if (status == -1 && pid_ > 0) {
+    Signal(SIGKILL);
+    Wait(absl::Seconds(10));
+    return -1;
+  }
+  return status;
+}
+
+std::string ServerProcess::Log() const {
+  std::ifstream in(dir_ + "/stderr.log");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string HttpGet(int port, const std::string& path) {
+  httplib::Client client("127.0.0.1", port);
+  client.set_connection_timeout(5);
+  client.set_read_timeout(5);
+  auto res = client.Get(path.c_str());
+  if (!res) return "error: " + httplib::to_string(res.error());
+  return absl::StrCat(res->status, "\n", res->body);
+}
+
+}  // namespace shardcache::testing

@@ -1,0 +1,68 @@
+// ServerProcess: runs a real shardcache binary for a test, on loopback ports that the binary
+// picks itself (--listen=127.0.0.1:0 --http-listen=127.0.0.1:0) and reports through --port-file.
+//
+// The process's stderr goes to a log file in the test's temporary directory; when a test fails
+// the log's tail is printed. The destructor stops the process (SIGTERM, then SIGKILL after a
+// grace period), so a hung server never outlives its test.
+//
+// Thread-compatible: use one ServerProcess from one thread.
+#ifndef SHARDCACHE_COMMON_TESTING_SERVER_PROCESS_H_
+#define SHARDCACHE_COMMON_TESTING_SERVER_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace shardcache::testing {
+
+// The path of a binary built by this project, e.g. BinaryPath("cache_server/cache_server").
+std::string BinaryPath(const std::string& relative);
+
+// A fresh empty directory under the test temporary directory.
+std::string MakeTempDir(const std::string& prefix);
+
+class ServerProcess {
+ public:
+  // `binary` is a path; `args` are extra flags (the listen and port-file flags are added).
+  ServerProcess(std::string binary, std::vector<std::string> args);
+  ~ServerProcess();
+  ServerProcess(const ServerProcess&) = delete;
+  ServerProcess& operator=(const ServerProcess&) = delete;
+
+  // Starts the process and waits until it has written its port file.
+  absl::Status Start(absl::Duration timeout = absl::Seconds(30));
+  // Sends SIGTERM and waits for exit; returns the exit status as from waitpid (or -1 on
+  // timeout, after which the process was killed with SIGKILL).
+  int Stop(absl::Duration grace = absl::Seconds(15));
+  // Sends a signal without waiting (e.g. SIGKILL, SIGSTOP, SIGCONT).
+  void Signal(int sig);
+  // Waits for the process to exit by itself; returns the waitpid status or -1 on timeout.
+  int Wait(absl::Duration timeout);
+  bool Running() const { return pid_ > 0; }
+
+  int grpc_port() const { return grpc_port_; }
+  int http_port() const { return http_port_; }
+  std::string grpc_address() const { return "127.0.0.1:" + std::to_string(grpc_port_); }
+  pid_t pid() const { return pid_; }
+  // Everything the process has written to stderr so far.
+  std::string Log() const;
+
+ private:
+  std::string binary_;
+  std::vector<std::string> args_;
+  std::string dir_;
+  pid_t pid_ = -1;
+  int grpc_port_ = 0;
+  int http_port_ = 0;
+};
+
+// A minimal HTTP GET against 127.0.0.1:port; returns "<status code>\n<body>" or an error.
+std::string HttpGet(int port, const std::string& path);
+
+}  // namespace shardcache::testing
+
+#endif  // SHARDCACHE_COMMON_TESTING_SERVER_PROCESS_H_
