@@ -1,0 +1,196 @@
+// cache_server: the shardcache object store, in the cache role (the global cache, any resource)
+// or the shard role (a shard's own store: built-in resources and those a ResourceDefinition
+// defines). Serves shardcache.v1.Store, gRPC reflection and grpc.health.v1.Health over gRPC, and
+// /metrics, /healthz, /readyz over HTTP. SIGTERM (or SIGINT) drains and exits 0.
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "cache_server/object_store.h"
+#include "cache_server/store_metrics.h"
+#include "cache_server/store_service.h"
+#include "cache_server/watch_cache.h"
+#include "common/flags.h"
+#include "common/http_server.h"
+#include "common/logging.h"
+#include "common/signals.h"
+
+ABSL_FLAG(std::string, role, "cache",
+          "cache: the global cache, which accepts any resource; shard: a shard's own store, which "
+          "serves only built-in resources and those that a ResourceDefinition defines");
+ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "gRPC address, host:port (port 0: any free port)");
+ABSL_FLAG(std::string, http_listen, "127.0.0.1:8070",
+          "HTTP address for /metrics, /healthz and /readyz, host:port (port 0: any free port)");
+ABSL_FLAG(std::string, port_file, "",
+          "if set, once serving, write the bound ports here as lines grpc_port=N and http_port=M");
+ABSL_FLAG(int64_t, max_object_bytes, 1536 * 1024,
+          "objects larger than this many bytes (serialized) are refused with RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, history_events, 10000,
+          "events kept in the watch history window; a watch or continued list from an older "
+          "revision fails with OUT_OF_RANGE (too old resource version)");
+ABSL_FLAG(int64_t, watch_queue_events, 1000,
+          "live events that may wait for one watcher; a watcher further behind is ended with "
+          "RESOURCE_EXHAUSTED");
+ABSL_FLAG(absl::Duration, bookmark_interval, absl::Seconds(5),
+          "how often idle watchers receive a BOOKMARK event");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
+          "on SIGTERM, how long in-flight calls may take to finish");
+ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off");
+
+namespace shardcache {
+namespace {
+
+struct Config {
+  ObjectStore::Options store;
+  WatchCache::Options watch;
+  StoreService::Options service;
+  std::string listen;
+  std::string http_listen;
+  std::string port_file;
+  absl::Duration drain_timeout;
+};
+
+absl::StatusOr<Config> ConfigFromFlags() {
+  Config c;
+  std::string role = absl::GetFlag(FLAGS_role);
+  if (role == "cache") {
+    c.store.role = Role::kCache;
+  } else if (role == "shard") {
+    c.store.role = Role::kShard;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--role: \"", role, "\" is not a role (want cache or shard)"));
+  }
+  c.store.max_object_bytes = absl::GetFlag(FLAGS_max_object_bytes);
+  if (c.store.max_object_bytes < 1024 || c.store.max_object_bytes > (64 << 20)) {
+    return absl::InvalidArgumentError("--max-object-bytes: must be between 1024 and 67108864");
+  }
+  c.store.history_events = absl::GetFlag(FLAGS_history_events);
+  if (c.store.history_events < 1) {
+    return absl::InvalidArgumentError("--history-events: must be at least 1");
+  }
+  int64_t queue = absl::GetFlag(FLAGS_watch_queue_events);
+  if (queue < 1) return absl::InvalidArgumentError("--watch-queue-events: must be at least 1");
+  c.service.watch_queue_events = static_cast<size_t>(queue);
+  c.watch.bookmark_interval = absl::GetFlag(FLAGS_bookmark_interval);
+  if (c.watch.bookmark_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--bookmark-interval: must be positive");
+  }
+  c.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  if (c.drain_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--drain-timeout: must not be negative");
+  }
+  c.listen = absl::GetFlag(FLAGS_listen);
+  auto hp = SplitHostPort("--listen", c.listen);
+  if (!hp.ok()) return hp.status();
+  c.http_listen = absl::GetFlag(FLAGS_http_listen);
+  hp = SplitHostPort("--http-listen", c.http_listen);
+  if (!hp.ok()) return hp.status();
+  c.port_file = absl::GetFlag(FLAGS_port_file);
+  return c;
+}
+
+absl::Status WritePortFile(const std::string& path, int grpc_port, int http_port) {
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << "grpc_port=" << grpc_port << "\nhttp_port=" << http_port << "\n";
+    if (!out.good()) return absl::UnavailableError(absl::StrCat("--port-file: cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::UnavailableError(absl::StrCat("--port-file: cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
+}
+
+int Refuse(const absl::Status& status) {
+  std::fprintf(stderr, "cache_server: refusing to start: %s\n",
+               std::string(status.message()).c_str());
+  return 2;
+}
+
+int Run(const Config& config, const std::string& role_name) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  StoreMetrics metrics(registry);
+  WatchCache watch_cache(config.watch, &metrics);
+  ObjectStore store(config.store, &watch_cache, &metrics);
+  StoreService service(config.service, &store, &watch_cache, &metrics);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int grpc_port = 0;
+  builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &grpc_port);
+  // Let objects up to twice the limit through, so that they get the store's clear error.
+  builder.SetMaxReceiveMessageSize(static_cast<int>(
+      std::min<int64_t>(2 * config.store.max_object_bytes + (1 << 20), INT32_MAX)));
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || grpc_port == 0) {
+    return Refuse(absl::UnavailableError(
+        absl::StrCat("--listen: cannot listen on ", config.listen, " (address in use?)")));
+  }
+  std::atomic<bool> ready{true};
+  HttpServer http(registry, [&ready]() {
+    return ready.load() ? absl::OkStatus() : absl::UnavailableError("shutting down");
+  });
+  absl::StatusOr<int> http_port = http.Start(config.http_listen);
+  if (!http_port.ok()) {
+    server->Shutdown();
+    return Refuse(http_port.status());
+  }
+  if (!config.port_file.empty()) {
+    absl::Status written = WritePortFile(config.port_file, grpc_port, *http_port);
+    if (!written.ok()) {
+      server->Shutdown();
+      return Refuse(written);
+    }
+  }
+  server->GetHealthCheckService()->SetServingStatus(true);
+  spdlog::info(
+      "serving role={} grpc={} (port {}) http={} (port {}) max_object_bytes={} "
+      "history_events={}",
+      role_name, config.listen, grpc_port, config.http_listen, *http_port,
+      config.store.max_object_bytes, config.store.history_events);
+
+  int sig = WaitForTerminationSignal();
+  spdlog::info("received signal {}: draining (up to {})", sig,
+               absl::FormatDuration(config.drain_timeout));
+  ready = false;
+  server->GetHealthCheckService()->SetServingStatus(false);
+  size_t left = watch_cache.Shutdown(config.drain_timeout);
+  if (left > 0) spdlog::warn("{} watch streams did not end in time", left);
+  server->Shutdown(absl::ToChronoTime(absl::Now() + config.drain_timeout));
+  http.Stop();
+  spdlog::info("stopped at revision {}", store.revision());
+  return 0;
+}
+
+}  // namespace
+}  // namespace shardcache
+
+int main(int argc, char** argv) {
+  shardcache::BlockTerminationSignals();
+  absl::SetProgramUsageMessage(
+      "the shardcache object store.\n\n"
+      "  cache_server --role=cache --listen=127.0.0.1:7070 --http-listen=127.0.0.1:8070\n"
+      "  cache_server --role=shard --listen=127.0.0.1:7071 --http-listen=127.0.0.1:8071\n\n"
+      "Flags may be spelt with dashes or underscores (--http-listen, --http_listen).");
+  absl::ParseCommandLine(argc, shardcache::NormalizeFlagNames(argc, argv));
+  absl::StatusOr<shardcache::Config> config = shardcache::ConfigFromFlags();
+  if (!config.ok()) return shardcache::Refuse(config.status());
+  absl::Status logging = shardcache::InitLogging("cache_server", absl::GetFlag(FLAGS_log_level));
+  if (!logging.ok()) return shardcache::Refuse(logging);
+  return shardcache::Run(*config, absl::GetFlag(FLAGS_role));
+}

@@ -1,0 +1,661 @@
+#include "cache_server/object_store.h"
+
+#include <google/protobuf/util/message_differencer.h>
+#include <google/protobuf/util/time_util.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "absl/random/random.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/status_macros.h"
+#include "common/validation.h"
+
+namespace shardcache {
+namespace {
+
+using google::protobuf::util::MessageDifferencer;
+using google::protobuf::util::TimeUtil;
+
+constexpr int kMaxStructDepth = 64;
+
+std::string NewUid() {
+  static absl::Mutex mu(absl::kConstInit);
+  static absl::BitGen* gen = new absl::BitGen();
+  uint64_t hi, lo;
+  {
+    absl::MutexLock l(&mu);
+    hi = absl::Uniform<uint64_t>(*gen);
+    lo = absl::Uniform<uint64_t>(*gen);
+  }
+  hi = (hi & 0xffffffffffff0fffULL) | 0x0000000000004000ULL;  // version 4
+  lo = (lo & 0x3fffffffffffffffULL) | 0x8000000000000000ULL;  // RFC 4122 variant
+  return absl::StrFormat("%08x-%04x-%04x-%04x-%012x", hi >> 32, (hi >> 16) & 0xffff, hi & 0xffff,
+                         lo >> 48, lo & 0xffffffffffffULL);
+}
+
+std::string Describe(const v1::GroupVersionResource& gvr, const std::string& name) {
+  std::string r =
+      gvr.group().empty() ? gvr.resource() : absl::StrCat(gvr.resource(), ".", gvr.group());
+  return absl::StrCat(r, " \"", name, "\"");
+}
+
+absl::Status ValidateValue(const std::string& path, const google::protobuf::Value& v, int depth);
+
+absl::Status ValidateStruct(const std::string& path, const google::protobuf::Struct& s, int depth) {
+  if (depth > kMaxStructDepth) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": Invalid value: nested deeper than ", kMaxStructDepth, " levels"));
+  }
+  for (const auto& [k, v] : s.fields()) {
+    RETURN_IF_ERROR(ValidateValue(absl::StrCat(path, ".", k), v, depth + 1));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateValue(const std::string& path, const google::protobuf::Value& v, int depth) {
+  switch (v.kind_case()) {
+    case google::protobuf::Value::kNumberValue:
+      if (!std::isfinite(v.number_value())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ": Invalid value: numbers must be finite (JSON has no NaN or Inf)"));
+      }
+      return absl::OkStatus();
+    case google::protobuf::Value::kStructValue:
+      return ValidateStruct(path, v.struct_value(), depth);
+    case google::protobuf::Value::kListValue:
+      for (int i = 0; i < v.list_value().values_size(); ++i) {
+        RETURN_IF_ERROR(
+            ValidateValue(absl::StrCat(path, "[", i, "]"), v.list_value().values(i), depth + 1));
+      }
+      return absl::OkStatus();
+    case google::protobuf::Value::KIND_NOT_SET:
+      return absl::InvalidArgumentError(absl::StrCat(path, ": Invalid value: a value has no kind"));
+    default:
+      return absl::OkStatus();
+  }
+}
+
+absl::Status ValidateTimestamp(const std::string& path, const google::protobuf::Timestamp& t) {
+  if (t.seconds() < TimeUtil::kTimestampMinSeconds ||
+      t.seconds() > TimeUtil::kTimestampMaxSeconds || t.nanos() < 0 || t.nanos() > 999999999) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": Invalid value: not a valid timestamp"));
+  }
+  return absl::OkStatus();
+}
+
+// Validates the parts of an object's key against the resource's scope. `prefix` is "metadata."
+// for an object, "" for a request's own fields.
+absl::Status ValidateKey(const ResourceInfo& info, const std::string& prefix,
+                         const std::string& shard, const std::string& cluster,
+                         const std::string& ns, const std::string& name) {
+  RETURN_IF_ERROR(ValidateDNS1123Subdomain(prefix + "name", name));
+  if (!shard.empty()) RETURN_IF_ERROR(ValidateDNS1123Label(prefix + "shard", shard));
+  if (!cluster.empty()) RETURN_IF_ERROR(ValidateClusterName(prefix + "cluster", cluster));
+  switch (info.scope) {
+    case ResourceInfo::Scope::kNamespaced:
+      RETURN_IF_ERROR(ValidateDNS1123Label(prefix + "namespace", ns));
+      break;
+    case ResourceInfo::Scope::kCluster:
+      if (!ns.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(prefix,
+                         "namespace: Forbidden: the resource is cluster-scoped; "
+                         "namespace must be empty"));
+      }
+      break;
+    case ResourceInfo::Scope::kAny:
+      if (!ns.empty()) RETURN_IF_ERROR(ValidateDNS1123Label(prefix + "namespace", ns));
+      break;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateObject(const ResourceInfo& info, const v1::Object& o) {
+  const v1::ObjectMeta& m = o.metadata();
+  RETURN_IF_ERROR(ValidateKey(info, "metadata.", m.shard(), m.cluster(), m.namespace_(), m.name()));
+  RETURN_IF_ERROR(ValidateLabels("metadata.labels", m.labels()));
+  RETURN_IF_ERROR(ValidateAnnotations("metadata.annotations", m.annotations()));
+  RETURN_IF_ERROR(ValidateFinalizers("metadata.finalizers", m.finalizers()));
+  if (m.generation() < 0) {
+    return absl::InvalidArgumentError("metadata.generation: Invalid value: must not be negative");
+  }
+  if (m.has_creation_timestamp()) {
+    RETURN_IF_ERROR(ValidateTimestamp("metadata.creationTimestamp", m.creation_timestamp()));
+  }
+  RETURN_IF_ERROR(ValidateStruct("spec", o.spec(), 0));
+  RETURN_IF_ERROR(ValidateStruct("status", o.status(), 0));
+  return absl::OkStatus();
+}
+
+// Stores an empty spec or status as absent, so that "{}" and no value compare equal.
+void Normalize(v1::Object* o) {
+  if (o->has_spec() && o->spec().fields().empty()) o->clear_spec();
+  if (o->has_status() && o->status().fields().empty()) o->clear_status();
+}
+
+absl::StatusOr<int64_t> ParseRevision(const std::string& path, const std::string& text) {
+  int64_t rv = 0;
+  if (!absl::SimpleAtoi(text, &rv) || rv <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": Invalid value: \"", text, "\": must be a positive decimal integer"));
+  }
+  return rv;
+}
+
+absl::Status Conflict(const v1::GroupVersionResource& gvr, const std::string& name,
+                      const std::string& why) {
+  return absl::AbortedError(absl::StrCat(
+      "Operation cannot be fulfilled on ", Describe(gvr, name), ": ", why,
+      "; the object has been modified; please apply your changes to the latest version and try "
+      "again"));
+}
+
+absl::Status CheckSize(const v1::Object& o, int64_t limit) {
+  size_t size = o.ByteSizeLong();
+  if (static_cast<int64_t>(size) > limit) {
+    return absl::ResourceExhaustedError(absl::StrCat("object is ", size,
+                                                     " bytes, more than the limit of ", limit,
+                                                     " bytes (--max-object-bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ObjectFilter> MakeFilter(const std::string& shard, const std::string& cluster,
+                                        const std::string& ns, const std::string& selector) {
+  ObjectFilter f;
+  if (!shard.empty()) RETURN_IF_ERROR(ValidateDNS1123Label("shard", shard));
+  if (!cluster.empty()) RETURN_IF_ERROR(ValidateClusterName("cluster", cluster));
+  if (!ns.empty()) RETURN_IF_ERROR(ValidateDNS1123Label("namespace", ns));
+  auto parsed = LabelSelector::Parse(selector);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("label_selector: Invalid value: \"", selector,
+                                                   "\": ", parsed.status().message()));
+  }
+  f.shard = shard;
+  f.cluster = cluster;
+  f.namespace_ = ns;
+  f.selector = *std::move(parsed);
+  return f;
+}
+
+// The leading key prefix that every object matching `f` has.
+std::string KeyPrefix(const ObjectFilter& f) {
+  if (f.shard.empty()) return "";
+  std::string p = f.shard + '\0';
+  if (f.cluster.empty()) return p;
+  p.append(f.cluster).push_back('\0');
+  if (f.namespace_.empty()) return p;
+  p.append(f.namespace_).push_back('\0');
+  return p;
+}
+
+std::string EncodeContinue(int64_t revision, const std::string& last_key) {
+  return absl::WebSafeBase64Escape(absl::StrCat(revision, "\n", last_key));
+}
+
+absl::Status DecodeContinue(const std::string& token, int64_t* revision, std::string* last_key) {
+  std::string raw;
+  if (absl::WebSafeBase64Unescape(token, &raw)) {
+    size_t nl = raw.find('\n');
+    if (nl != std::string::npos && absl::SimpleAtoi(raw.substr(0, nl), revision) && *revision > 0) {
+      *last_key = raw.substr(nl + 1);
+      return absl::OkStatus();
+    }
+  }
+  return absl::InvalidArgumentError(
+      "continue_token: Invalid value: malformed (pass the token of the previous page as is)");
+}
+
+}  // namespace
+
+ObjectStore::ObjectStore(Options options, WatchCache* watch_cache, StoreMetrics* metrics)
+    : options_(options), watch_cache_(watch_cache), metrics_(metrics), registry_(options.role) {
+  metrics_->revision.Set(1);
+}
+
+int64_t ObjectStore::revision() const {
+  absl::ReaderMutexLock l(&mu_);
+  return revision_;
+}
+
+ObjectPtr ObjectStore::CurrentLocked(const std::string& group_resource,
+                                     const std::string& key) const {
+  auto r = resources_.find(group_resource);
+  if (r == resources_.end()) return nullptr;
+  auto k = r->second.keys.find(key);
+  if (k == r->second.keys.end() || k->second.empty()) return nullptr;
+  return k->second.back().object;
+}
+
+absl::StatusOr<ObjectPtr> ObjectStore::Get(const v1::GetRequest& req) const {
+  absl::ReaderMutexLock l(&mu_);
+  ASSIGN_OR_RETURN(ResourceInfo info, registry_.Resolve(req.resource()));
+  RETURN_IF_ERROR(ValidateKey(info, "", req.shard(), req.cluster(), req.namespace_(), req.name()));
+  ObjectPtr cur = CurrentLocked(
+      info.group_resource, ObjectKey(req.shard(), req.cluster(), req.namespace_(), req.name()));
+  if (cur == nullptr) {
+    return absl::NotFoundError(absl::StrCat(Describe(req.resource(), req.name()), " not found"));
+  }
+  return cur;
+}
+
+absl::StatusOr<v1::ListResponse> ObjectStore::List(const v1::ListRequest& req) const {
+  if (req.limit() < 0) {
+    return absl::InvalidArgumentError("limit: Invalid value: must not be negative");
+  }
+  ASSIGN_OR_RETURN(ObjectFilter filter,
+                   MakeFilter(req.shard(), req.cluster(), req.namespace_(), req.label_selector()));
+  int64_t at = 0;
+  std::string last_key;
+  bool continued = !req.continue_token().empty();
+  if (continued) RETURN_IF_ERROR(DecodeContinue(req.continue_token(), &at, &last_key));
+
+  absl::ReaderMutexLock l(&mu_);
+  ASSIGN_OR_RETURN(ResourceInfo info, registry_.Resolve(req.resource()));
+  if (!continued) {
+    at = revision_;
+  } else if (at < compacted_revision_) {
+    return absl::OutOfRangeError(
+        absl::StrCat("continue_token: too old resource version: the list's revision ", at,
+                     " has left the history window (oldest ", compacted_revision_,
+                     "); list again without a continue token"));
+  } else if (at > revision_) {
+    return absl::InvalidArgumentError(
+        "continue_token: Invalid value: its revision is newer than the store's");
+  }
+  v1::ListResponse resp;
+  resp.set_resource_version(absl::StrCat(at));
+  auto r = resources_.find(info.group_resource);
+  if (r == resources_.end()) return resp;
+  const auto& keys = r->second.keys;
+  std::string prefix = KeyPrefix(filter);
+  auto it = continued ? keys.upper_bound(last_key) : keys.lower_bound(prefix);
+  if (continued && last_key < prefix) it = keys.lower_bound(prefix);
+  std::string last_returned;
+  for (; it != keys.end(); ++it) {
+    if (it->first.compare(0, prefix.size(), prefix) != 0) break;
+    const std::vector<Version>& versions = it->second;
+    // The last version at or before `at`.
+    auto v = std::upper_bound(versions.begin(), versions.end(), at,
+                              [](int64_t rev, const Version& ver) { return rev < ver.revision; });
+    if (v == versions.begin()) continue;
+    const ObjectPtr& obj = std::prev(v)->object;
+    if (obj == nullptr || !filter.Matches(*obj)) continue;
+    if (req.limit() > 0 && resp.items_size() == req.limit()) {
+      resp.set_continue_token(EncodeContinue(at, last_returned));
+      break;
+    }
+    *resp.add_items() = *obj;
+    last_returned = it->first;
+  }
+  return resp;
+}
+
+absl::Status ObjectStore::CheckFenceLocked(const v1::Fence& fence) {
+  if (fence.shard().empty() && fence.epoch() == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(ValidateDNS1123Label("fence.shard", fence.shard()));
+  if (fence.epoch() <= 0) {
+    return absl::InvalidArgumentError("fence.epoch: Invalid value: must be positive");
+  }
+  int64_t& highest = epochs_[fence.shard()];
+  if (fence.epoch() < highest) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "fenced: shard \"", fence.shard(), "\" is at epoch ", highest,
+        " and this write carries epoch ", fence.epoch(), " (a newer leader holds the shard)"));
+  }
+  highest = fence.epoch();
+  return absl::OkStatus();
+}
+
+void ObjectStore::CommitLocked(const std::string& group_resource, v1::WatchEvent::Type type,
+                               ObjectPtr object, ObjectPtr prev) {
+  ++revision_;
+  auto event = std::make_shared<Event>();
+  event->revision = revision_;
+  event->type = type;
+  event->group_resource = group_resource;
+  event->object = object;
+  event->prev = std::move(prev);
+  std::vector<Version>& versions = resources_[group_resource].keys[ObjectKey(object->metadata())];
+  versions.push_back(Version{revision_, type == v1::WatchEvent::DELETED ? nullptr : object});
+  if (type == v1::WatchEvent::ADDED) ++live_objects_;
+  if (type == v1::WatchEvent::DELETED) --live_objects_;
+  history_.push_back(event);
+  CompactLocked();
+  watch_cache_->Publish({std::move(event)});
+  metrics_->revision.Set(static_cast<double>(revision_));
+  metrics_->objects.Set(static_cast<double>(live_objects_));
+  metrics_->history_events.Set(static_cast<double>(history_.size()));
+  metrics_->writes.Increment();
+}
+
+void ObjectStore::CompactLocked() {
+  while (static_cast<int64_t>(history_.size()) > options_.history_events) {
+    EventPtr oldest = std::move(history_.front());
+    history_.pop_front();
+    compacted_revision_ = oldest->revision;
+    auto r = resources_.find(oldest->group_resource);
+    if (r == resources_.end()) continue;
+    auto k = r->second.keys.find(ObjectKey(oldest->object->metadata()));
+    if (k == r->second.keys.end()) continue;
+    std::vector<Version>& versions = k->second;
+    // Keep the last version at or before the compacted revision, and all after it.
+    auto keep =
+        std::upper_bound(versions.begin(), versions.end(), compacted_revision_,
+                         [](int64_t rev, const Version& ver) { return rev < ver.revision; });
+    if (keep != versions.begin()) versions.erase(versions.begin(), std::prev(keep));
+    if (versions.size() == 1 && versions.front().object == nullptr &&
+        versions.front().revision <= compacted_revision_) {
+      r->second.keys.erase(k);
+    }
+  }
+}
+
+absl::StatusOr<ObjectPtr> ObjectStore::Create(const v1::CreateRequest& req) {
+  absl::MutexLock l(&mu_);
+  ASSIGN_OR_RETURN(ResourceInfo info, registry_.Resolve(req.resource()));
+  if (!req.object().metadata().resource_version().empty()) {
+    return absl::InvalidArgumentError(
+        "metadata.resourceVersion: Invalid value: must be empty when creating an object");
+  }
+  RETURN_IF_ERROR(CheckFenceLocked(req.fence()));
+  return CreateLocked(info, req.resource(), req.object());
+}
+
+absl::StatusOr<ObjectPtr> ObjectStore::CreateLocked(const ResourceInfo& info,
+                                                    const v1::GroupVersionResource& gvr,
+                                                    v1::Object object) {
+  RETURN_IF_ERROR(ValidateObject(info, object));
+  v1::ObjectMeta& m = *object.mutable_metadata();
+  if (m.has_deletion_timestamp()) {
+    return absl::InvalidArgumentError(
+        "metadata.deletionTimestamp: Forbidden: may not be set when creating an object");
+  }
+  std::string key = ObjectKey(m);
+  if (CurrentLocked(info.group_resource, key) != nullptr) {
+    return absl::AlreadyExistsError(absl::StrCat(Describe(gvr, m.name()), " already exists"));
+  }
+  bool is_definition =
+      info.group_resource == absl::StrCat(kDefinitionGroup, "/", kDefinitionResource);
+  if (is_definition) RETURN_IF_ERROR(ResourceRegistry::ParseDefinition(object, nullptr).status());
+  // The cache role keeps the origin's identity; a shard store owns it.
+  bool keep_identity = options_.role == Role::kCache;
+  if (!keep_identity || m.uid().empty()) m.set_uid(NewUid());
+  if (!keep_identity || !m.has_creation_timestamp()) {
+    *m.mutable_creation_timestamp() =
+        TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(options_.clock->Now()));
+  }
+  if (!keep_identity || m.generation() == 0) m.set_generation(1);
+  m.set_resource_version(absl::StrCat(revision_ + 1));
+  Normalize(&object);
+  RETURN_IF_ERROR(CheckSize(object, options_.max_object_bytes));
+  auto stored = std::make_shared<const v1::Object>(std::move(object));
+  CommitLocked(info.group_resource, v1::WatchEvent::ADDED, stored, nullptr);
+  if (is_definition) OnDefinitionChangedLocked(nullptr, stored);
+  return stored;
+}
+
+absl::StatusOr<ObjectPtr> ObjectStore::Update(const v1::UpdateRequest& req) {
+  return UpdateImpl(req, UpdateKind::kUpdate);
+}
+
+absl::StatusOr<ObjectPtr> ObjectStore::UpdateStatus(const v1::UpdateRequest& req) {
+  return UpdateImpl(req, UpdateKind::kStatus);
+}
+
+absl::StatusOr<ObjectPtr> ObjectStore::Upsert(const v1::UpdateRequest& req) {
+  return UpdateImpl(req, UpdateKind::kUpsert);
+}
+
+absl::StatusOr<ObjectPtr> ObjectStore::UpdateImpl(const v1::UpdateRequest& req, UpdateKind kind) {
+  absl::MutexLock l(&mu_);
+  ASSIGN_OR_RETURN(ResourceInfo info, registry_.Resolve(req.resource()));
+  const v1::GroupVersionResource& gvr = req.resource();
+  if (kind == UpdateKind::kStatus && options_.role == Role::kShard && !info.status_subresource) {
+    return absl::NotFoundError(absl::StrCat("the server could not find the requested resource ",
+                                            GvrString(gvr),
+                                            "/status: the resource has no status subresource"));
+  }
+  const v1::ObjectMeta& in = req.object().metadata();
+  int64_t expected_rv = 0;
+  if (!in.resource_version().empty()) {
+    ASSIGN_OR_RETURN(expected_rv, ParseRevision("metadata.resourceVersion", in.resource_version()));
+  }
+  RETURN_IF_ERROR(ValidateObject(info, req.object()));
+  RETURN_IF_ERROR(CheckFenceLocked(req.fence()));
+  std::string key = ObjectKey(in);
+  ObjectPtr cur = CurrentLocked(info.group_resource, key);
+  if (cur == nullptr) {
+    if (kind != UpdateKind::kUpsert) {
+      return absl::NotFoundError(absl::StrCat(Describe(gvr, in.name()), " not found"));
+    }
+    v1::Object object = req.object();
+    object.mutable_metadata()->clear_resource_version();
+    return CreateLocked(info, gvr, std::move(object));
+  }
+  const v1::ObjectMeta& cm = cur->metadata();
+  if (expected_rv != 0 && absl::StrCat(expected_rv) != cm.resource_version()) {
+    return Conflict(gvr, in.name(),
+                    absl::StrCat("resourceVersion ", in.resource_version(),
+                                 " is not the current one (", cm.resource_version(), ")"));
+  }
+  // In the cache role uid is the origin's, written through; in a shard store it is a
+  // precondition.
+  bool keep_identity = options_.role == Role::kCache;
+  if (!keep_identity && !in.uid().empty() && in.uid() != cm.uid()) {
+    return Conflict(gvr, in.name(),
+                    absl::StrCat("uid ", in.uid(), " is not the current one (", cm.uid(), ")"));
+  }
+
+  v1::Object next;
+  if (kind == UpdateKind::kStatus) {
+    next = *cur;
+    *next.mutable_status() = req.object().status();
+  } else {
+    next = req.object();
+    v1::ObjectMeta& nm = *next.mutable_metadata();
+    if (!keep_identity || nm.uid().empty()) nm.set_uid(cm.uid());
+    if (!keep_identity || !nm.has_creation_timestamp()) {
+      *nm.mutable_creation_timestamp() = cm.creation_timestamp();
+    }
+    if (cm.has_deletion_timestamp()) {
+      *nm.mutable_deletion_timestamp() = cm.deletion_timestamp();
+    } else {
+      nm.clear_deletion_timestamp();
+    }
+    if (!keep_identity || nm.generation() == 0) {
+      bool spec_changed = !MessageDifferencer::Equals(next.spec(), cur->spec());
+      nm.set_generation(cm.generation() + (spec_changed ? 1 : 0));
+    }
+    if (kind == UpdateKind::kUpdate && info.status_subresource) {
+      *next.mutable_status() = cur->status();
+    }
+    if (cm.has_deletion_timestamp()) {
+      std::set<std::string> old(cm.finalizers().begin(), cm.finalizers().end());
+      for (int i = 0; i < nm.finalizers_size(); ++i) {
+        if (old.count(nm.finalizers(i)) == 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("metadata.finalizers[", i,
+                           "]: Forbidden: no new finalizers can be added if the "
+                           "object is being deleted"));
+        }
+      }
+    }
+  }
+  next.mutable_metadata()->set_resource_version(cm.resource_version());
+  Normalize(&next);
+  if (MessageDifferencer::Equals(next, *cur)) return cur;  // no change: no new revision
+
+  bool is_definition =
+      info.group_resource == absl::StrCat(kDefinitionGroup, "/", kDefinitionResource);
+  if (is_definition) RETURN_IF_ERROR(ResourceRegistry::ParseDefinition(next, cur.get()).status());
+  next.mutable_metadata()->set_resource_version(absl::StrCat(revision_ + 1));
+  RETURN_IF_ERROR(CheckSize(next, options_.max_object_bytes));
+  bool finalized =
+      next.metadata().has_deletion_timestamp() && next.metadata().finalizers_size() == 0;
+  auto stored = std::make_shared<const v1::Object>(std::move(next));
+  CommitLocked(info.group_resource, finalized ? v1::WatchEvent::DELETED : v1::WatchEvent::MODIFIED,
+               stored, cur);
+  if (is_definition) OnDefinitionChangedLocked(cur, finalized ? nullptr : stored);
+  return stored;
+}
+
+absl::StatusOr<ObjectStore::DeleteResult> ObjectStore::Delete(const v1::DeleteRequest& req) {
+  absl::MutexLock l(&mu_);
+  ASSIGN_OR_RETURN(ResourceInfo info, registry_.Resolve(req.resource()));
+  const v1::GroupVersionResource& gvr = req.resource();
+  RETURN_IF_ERROR(ValidateKey(info, "", req.shard(), req.cluster(), req.namespace_(), req.name()));
+  int64_t expected_rv = 0;
+  if (!req.preconditions().resource_version().empty()) {
+    ASSIGN_OR_RETURN(expected_rv, ParseRevision("preconditions.resourceVersion",
+                                                req.preconditions().resource_version()));
+  }
+  RETURN_IF_ERROR(CheckFenceLocked(req.fence()));
+  ObjectPtr cur = CurrentLocked(
+      info.group_resource, ObjectKey(req.shard(), req.cluster(), req.namespace_(), req.name()));
+  if (cur == nullptr) {
+    return absl::NotFoundError(absl::StrCat(Describe(gvr, req.name()), " not found"));
+  }
+  const v1::ObjectMeta& cm = cur->metadata();
+  if (expected_rv != 0 && absl::StrCat(expected_rv) != cm.resource_version()) {
+    return Conflict(
+        gvr, req.name(),
+        absl::StrCat("precondition resourceVersion ", req.preconditions().resource_version(),
+                     " is not the current one (", cm.resource_version(), ")"));
+  }
+  if (!req.preconditions().uid().empty() && req.preconditions().uid() != cm.uid()) {
+    return Conflict(gvr, req.name(),
+                    absl::StrCat("precondition uid ", req.preconditions().uid(),
+                                 " is not the current one (", cm.uid(), ")"));
+  }
+  if (cm.finalizers_size() > 0 && cm.has_deletion_timestamp()) {
+    return DeleteResult{cur, false};  // already being deleted
+  }
+  v1::Object next = *cur;
+  v1::ObjectMeta& nm = *next.mutable_metadata();
+  nm.set_resource_version(absl::StrCat(revision_ + 1));
+  bool is_definition =
+      info.group_resource == absl::StrCat(kDefinitionGroup, "/", kDefinitionResource);
+  if (cm.finalizers_size() > 0) {
+    *nm.mutable_deletion_timestamp() =
+        TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(options_.clock->Now()));
+    nm.set_generation(cm.generation() + 1);
+    auto stored = std::make_shared<const v1::Object>(std::move(next));
+    CommitLocked(info.group_resource, v1::WatchEvent::MODIFIED, stored, cur);
+    return DeleteResult{stored, false};
+  }
+  auto stored = std::make_shared<const v1::Object>(std::move(next));
+  CommitLocked(info.group_resource, v1::WatchEvent::DELETED, stored, cur);
+  if (is_definition) OnDefinitionChangedLocked(cur, nullptr);
+  return DeleteResult{stored, true};
+}
+
+void ObjectStore::OnDefinitionChangedLocked(const ObjectPtr& before, const ObjectPtr& after) {
+  if (options_.role != Role::kShard) return;
+  // Both were validated when written.
+  absl::StatusOr<ResourceInfo> old_info =
+      before ? ResourceRegistry::ParseDefinition(*before, nullptr)
+             : absl::StatusOr<ResourceInfo>(absl::NotFoundError(""));
+  if (after == nullptr) {
+    if (!old_info.ok()) return;
+    registry_.RemoveDefinition(old_info->group_resource);
+    PurgeResourceLocked(old_info->group_resource);
+    watch_cache_->PublishResourceGone(
+        old_info->group_resource, "",
+        absl::NotFoundError(absl::StrCat("the resource ", before->metadata().name(),
+                                         " is no longer served: its ResourceDefinition was "
+                                         "deleted")));
+    return;
+  }
+  absl::StatusOr<ResourceInfo> new_info = ResourceRegistry::ParseDefinition(*after, nullptr);
+  if (!new_info.ok()) return;
+  registry_.ApplyDefinition(*new_info);
+  if (!old_info.ok()) return;
+  for (const std::string& v : old_info->versions) {
+    if (std::find(new_info->versions.begin(), new_info->versions.end(), v) ==
+        new_info->versions.end()) {
+      watch_cache_->PublishResourceGone(
+          new_info->group_resource, v,
+          absl::NotFoundError(absl::StrCat("version ", v, " of ", after->metadata().name(),
+                                           " is no longer served")));
+    }
+  }
+}
+
+void ObjectStore::PurgeResourceLocked(const std::string& group_resource) {
+  auto r = resources_.find(group_resource);
+  if (r == resources_.end()) return;
+  std::vector<ObjectPtr> live;
+  for (const auto& [key, versions] : r->second.keys) {
+    if (!versions.empty() && versions.back().object != nullptr) {
+      live.push_back(versions.back().object);
+    }
+  }
+  for (const ObjectPtr& cur : live) {
+    v1::Object last = *cur;
+    last.mutable_metadata()->set_resource_version(absl::StrCat(revision_ + 1));
+    CommitLocked(group_resource, v1::WatchEvent::DELETED,
+                 std::make_shared<const v1::Object>(std::move(last)), cur);
+  }
+}
+
+absl::Status ObjectStore::StartWatch(const v1::WatchRequest& req, Watcher* watcher) {
+  ASSIGN_OR_RETURN(ObjectFilter filter,
+                   MakeFilter(req.shard(), req.cluster(), req.namespace_(), req.label_selector()));
+  int64_t from = 0;
+  if (!req.resource_version().empty()) {
+    ASSIGN_OR_RETURN(from, ParseRevision("resource_version", req.resource_version()));
+  }
+  absl::ReaderMutexLock l(&mu_);
+  ASSIGN_OR_RETURN(ResourceInfo info, registry_.Resolve(req.resource()));
+  std::vector<std::pair<v1::WatchEvent::Type, ObjectPtr>> initial;
+  if (from != 0) {
+    if (from < compacted_revision_) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "too old resource version: ", from, " (the oldest revision a watch can start from is ",
+          compacted_revision_, "); list again and watch from the list's resourceVersion"));
+    }
+    if (from > revision_) {
+      return absl::OutOfRangeError(absl::StrCat("too large resource version: ", from,
+                                                " (the store is at revision ", revision_,
+                                                "); list again"));
+    }
+    auto first = std::upper_bound(history_.begin(), history_.end(), from,
+                                  [](int64_t rev, const EventPtr& e) { return rev < e->revision; });
+    for (auto it = first; it != history_.end(); ++it) {
+      const Event& e = **it;
+      if (e.group_resource != info.group_resource) continue;
+      v1::WatchEvent::Type type = EffectiveType(e, filter);
+      if (type != v1::WatchEvent::TYPE_UNSPECIFIED) initial.emplace_back(type, e.object);
+    }
+  } else {
+    if (auto r = resources_.find(info.group_resource); r != resources_.end()) {
+      std::string prefix = KeyPrefix(filter);
+      for (auto it = r->second.keys.lower_bound(prefix); it != r->second.keys.end(); ++it) {
+        if (it->first.compare(0, prefix.size(), prefix) != 0) break;
+        const ObjectPtr& obj = it->second.back().object;
+        if (obj != nullptr && filter.Matches(*obj))
+          initial.emplace_back(v1::WatchEvent::ADDED, obj);
+      }
+    }
+    auto bookmark = std::make_shared<v1::Object>();
+    bookmark->mutable_metadata()->set_resource_version(absl::StrCat(revision_));
+    (*bookmark->mutable_metadata()->mutable_annotations())[kInitialEventsEndAnnotation] = "true";
+    initial.emplace_back(v1::WatchEvent::BOOKMARK, std::move(bookmark));
+  }
+  WatchSpec spec;
+  spec.group_resource = info.group_resource;
+  spec.version = req.resource().version();
+  spec.filter = std::move(filter);
+  spec.start_revision = revision_;
+  watcher->Init(std::move(spec), std::move(initial));
+  return watch_cache_->Register(watcher);
+}
+
+}  // namespace shardcache

@@ -1,0 +1,477 @@
+#include "cache_server/object_store.h"
+
+#include <gmock/gmock.h>
+#include <google/protobuf/util/json_util.h>
+#include <google/protobuf/util/time_util.h>
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/testing/status_matchers.h"
+
+namespace shardcache {
+namespace {
+
+using ::shardcache::testing::IsOk;
+using ::shardcache::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+v1::Object Obj(const std::string& json) {
+  v1::Object o;
+  auto s = google::protobuf::util::JsonStringToMessage(json, &o);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return o;
+}
+
+v1::GroupVersionResource Widgets(const std::string& version = "v1") {
+  v1::GroupVersionResource g;
+  g.set_group("example.com");
+  g.set_version(version);
+  g.set_resource("widgets");
+  return g;
+}
+
+v1::GroupVersionResource Definitions() {
+  v1::GroupVersionResource g;
+  g.set_group("core.shardcache.io");
+  g.set_version("v1");
+  g.set_resource("resourcedefinitions");
+  return g;
+}
+
+v1::Object WidgetDefinition(bool status_subresource = true,
+                            const std::string& versions = R"([{"name":"v1"}])") {
+  return Obj(
+      absl::StrCat(R"({"metadata":{"name":"widgets.example.com"},"spec":{"group":"example.com",)",
+                   R"("names":{"plural":"widgets"},"scope":"Namespaced","versions":)", versions,
+                   status_subresource ? R"(,"subresources":{"status":{}})" : "", "}}"));
+}
+
+v1::Object Widget(const std::string& name, const std::string& labels = "{}",
+                  const std::string& spec = R"({"size":1})") {
+  return Obj(absl::StrCat(R"({"metadata":{"cluster":"root","namespace":"default","name":")", name,
+                          R"(","labels":)", labels, R"(},"spec":)", spec, "}"));
+}
+
+// Records what the WatchCache delivers.
+class RecordingWatcher : public Watcher {
+ public:
+  void Init(WatchSpec spec,
+            std::vector<std::pair<v1::WatchEvent::Type, ObjectPtr>> initial) override {
+    spec_ = std::move(spec);
+    absl::MutexLock l(&mu_);
+    for (auto& [type, obj] : initial) events_.push_back(Describe(type, *obj));
+  }
+  const WatchSpec& spec() const override { return spec_; }
+  void Deliver(v1::WatchEvent::Type type, const ObjectPtr& object) override {
+    absl::MutexLock l(&mu_);
+    events_.push_back(Describe(type, *object));
+  }
+  void Bookmark(int64_t) override {}
+  void End(const absl::Status& status) override {
+    absl::MutexLock l(&mu_);
+    events_.push_back(absl::StrCat("END ", absl::StatusCodeToString(status.code())));
+  }
+  // Waits until `n` events were recorded (or 10 s) and returns them.
+  std::vector<std::string> WaitFor(size_t n) {
+    absl::MutexLock l(&mu_);
+    auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return events_.size() >= n; };
+    mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
+    return events_;
+  }
+
+ private:
+  static std::string Describe(v1::WatchEvent::Type type, const v1::Object& o) {
+    return absl::StrCat(v1::WatchEvent::Type_Name(type), " ", o.metadata().name(), " ",
+                        o.metadata().resource_version());
+  }
+  WatchSpec spec_;
+  absl::Mutex mu_;
+  std::vector<std::string> events_ ABSL_GUARDED_BY(mu_);
+};
+
+class ObjectStoreTest : public ::testing::Test {
+ protected:
+  void Make(Role role, int64_t history = 1000) {
+    ObjectStore::Options o;
+    o.role = role;
+    o.history_events = history;
+    o.clock = &clock_;
+    store_ = std::make_unique<ObjectStore>(o, &cache_, &metrics_);
+  }
+  void DefineWidgets(bool status_subresource = true) {
+    v1::CreateRequest req;
+    *req.mutable_resource() = Definitions();
+    *req.mutable_object() = WidgetDefinition(status_subresource);
+    ASSERT_THAT(store_->Create(req), IsOk());
+  }
+  absl::StatusOr<ObjectPtr> Create(const v1::Object& o) {
+    v1::CreateRequest req;
+    *req.mutable_resource() = Widgets();
+    *req.mutable_object() = o;
+    return store_->Create(req);
+  }
+  absl::StatusOr<ObjectPtr> Update(const v1::Object& o) {
+    v1::UpdateRequest req;
+    *req.mutable_resource() = Widgets();
+    *req.mutable_object() = o;
+    return store_->Update(req);
+  }
+  absl::StatusOr<ObjectStore::DeleteResult> Delete(const std::string& name) {
+    v1::DeleteRequest req;
+    *req.mutable_resource() = Widgets();
+    req.set_cluster("root");
+    req.set_namespace_("default");
+    req.set_name(name);
+    return store_->Delete(req);
+  }
+  absl::StatusOr<v1::ListResponse> List(int64_t limit, const std::string& token = "",
+                                        const std::string& selector = "") {
+    v1::ListRequest req;
+    *req.mutable_resource() = Widgets();
+    req.set_limit(limit);
+    req.set_continue_token(token);
+    req.set_label_selector(selector);
+    return store_->List(req);
+  }
+
+  FakeClock clock_;
+  StoreMetrics metrics_{std::make_shared<prometheus::Registry>()};
+  WatchCache cache_{WatchCache::Options{absl::Seconds(60)}, &metrics_};
+  std::unique_ptr<ObjectStore> store_;
+};
+
+TEST_F(ObjectStoreTest, Create_SetsServerOwnedMetadata) {
+  Make(Role::kShard);
+  DefineWidgets();
+  v1::Object in = Widget("a");
+  in.mutable_metadata()->set_uid("client-chosen");
+  in.mutable_metadata()->set_generation(7);
+  auto out = Create(in);
+  ASSERT_THAT(out, IsOk());
+  const v1::ObjectMeta& m = (*out)->metadata();
+  EXPECT_EQ(m.resource_version(), "3");  // 1 initial, 2 the definition
+  EXPECT_NE(m.uid(), "client-chosen");
+  EXPECT_EQ(m.uid().size(), 36u);
+  EXPECT_EQ(m.generation(), 1);
+  EXPECT_EQ(google::protobuf::util::TimeUtil::TimestampToNanoseconds(m.creation_timestamp()),
+            absl::ToUnixNanos(clock_.Now()));
+  EXPECT_EQ(store_->revision(), 3);
+}
+
+TEST_F(ObjectStoreTest, Create_CacheRoleKeepsWriterIdentity) {
+  Make(Role::kCache);
+  v1::Object in = Widget("a");
+  in.mutable_metadata()->set_uid("origin-uid");
+  in.mutable_metadata()->set_generation(7);
+  in.mutable_metadata()->mutable_creation_timestamp()->set_seconds(1000);
+  auto out = Create(in);
+  ASSERT_THAT(out, IsOk());
+  EXPECT_EQ((*out)->metadata().uid(), "origin-uid");
+  EXPECT_EQ((*out)->metadata().generation(), 7);
+  EXPECT_EQ((*out)->metadata().creation_timestamp().seconds(), 1000);
+  EXPECT_EQ((*out)->metadata().resource_version(), "2");
+}
+
+TEST_F(ObjectStoreTest, Update_GenerationRisesOnlyOnSpecChange) {
+  Make(Role::kShard);
+  DefineWidgets();
+  ASSERT_THAT(Create(Widget("a")), IsOk());
+  auto labels_only = Update(Widget("a", R"({"x":"y"})"));
+  ASSERT_THAT(labels_only, IsOk());
+  EXPECT_EQ((*labels_only)->metadata().generation(), 1);
+  auto spec = Update(Widget("a", R"({"x":"y"})", R"({"size":2})"));
+  ASSERT_THAT(spec, IsOk());
+  EXPECT_EQ((*spec)->metadata().generation(), 2);
+}
+
+TEST_F(ObjectStoreTest, Update_NoChange_KeepsRevision) {
+  Make(Role::kShard);
+  DefineWidgets();
+  auto created = Create(Widget("a"));
+  ASSERT_THAT(created, IsOk());
+  auto same = Update(Widget("a"));
+  ASSERT_THAT(same, IsOk());
+  EXPECT_EQ((*same)->metadata().resource_version(), (*created)->metadata().resource_version());
+  EXPECT_EQ(store_->revision(), 3);
+}
+
+TEST_F(ObjectStoreTest, Update_StaleResourceVersion_IsConflict) {
+  Make(Role::kShard);
+  DefineWidgets();
+  ASSERT_THAT(Create(Widget("a")), IsOk());
+  v1::Object stale = Widget("a", "{}", R"({"size":5})");
+  stale.mutable_metadata()->set_resource_version("2");
+  EXPECT_THAT(Update(stale), StatusIs(absl::StatusCode::kAborted, HasSubstr("modified")));
+  stale.mutable_metadata()->set_resource_version("3");
+  EXPECT_THAT(Update(stale), IsOk());
+}
+
+TEST_F(ObjectStoreTest, Update_StatusSubresource_IgnoresStatus) {
+  Make(Role::kShard);
+  DefineWidgets(/*status_subresource=*/true);
+  ASSERT_THAT(Create(Widget("a")), IsOk());
+  v1::Object with_status = Widget("a");
+  (*with_status.mutable_status()->mutable_fields())["ready"].set_bool_value(true);
+  auto updated = Update(with_status);
+  ASSERT_THAT(updated, IsOk());
+  EXPECT_EQ((*updated)->status().fields_size(), 0);
+
+  v1::UpdateRequest req;
+  *req.mutable_resource() = Widgets();
+  *req.mutable_object() = with_status;
+  (*req.mutable_object()->mutable_spec()->mutable_fields())["size"].set_number_value(99);
+  auto status = store_->UpdateStatus(req);
+  ASSERT_THAT(status, IsOk());
+  EXPECT_TRUE((*status)->status().fields().at("ready").bool_value());
+  EXPECT_EQ((*status)->spec().fields().at("size").number_value(), 1);  // spec untouched
+}
+
+TEST_F(ObjectStoreTest, UpdateStatus_WithoutSubresource_IsNotFound) {
+  Make(Role::kShard);
+  DefineWidgets(/*status_subresource=*/false);
+  ASSERT_THAT(Create(Widget("a")), IsOk());
+  v1::UpdateRequest req;
+  *req.mutable_resource() = Widgets();
+  *req.mutable_object() = Widget("a");
+  EXPECT_THAT(store_->UpdateStatus(req),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no status subresource")));
+}
+
+TEST_F(ObjectStoreTest, Delete_WithFinalizers_HoldsObjectUntilRemoved) {
+  Make(Role::kShard);
+  DefineWidgets();
+  v1::Object w = Widget("a");
+  w.mutable_metadata()->add_finalizers("example.com/cleanup");
+  ASSERT_THAT(Create(w), IsOk());
+  auto first = Delete("a");
+  ASSERT_THAT(first, IsOk());
+  EXPECT_FALSE(first->deleted);
+  EXPECT_TRUE(first->object->metadata().has_deletion_timestamp());
+  auto second = Delete("a");
+  ASSERT_THAT(second, IsOk());
+  EXPECT_EQ(second->object->metadata().resource_version(),
+            first->object->metadata().resource_version());
+
+  v1::Object more = w;
+  more.mutable_metadata()->add_finalizers("example.com/other");
+  EXPECT_THAT(Update(more),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("metadata.finalizers[1]")));
+  w.mutable_metadata()->clear_finalizers();
+  ASSERT_THAT(Update(w), IsOk());
+  v1::GetRequest get;
+  *get.mutable_resource() = Widgets();
+  get.set_cluster("root");
+  get.set_namespace_("default");
+  get.set_name("a");
+  EXPECT_THAT(store_->Get(get), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(ObjectStoreTest, Fence_LowerEpochIsRejected) {
+  Make(Role::kCache);
+  v1::CreateRequest req;
+  *req.mutable_resource() = Widgets();
+  *req.mutable_object() = Widget("a");
+  req.mutable_fence()->set_shard("s1");
+  req.mutable_fence()->set_epoch(5);
+  ASSERT_THAT(store_->Create(req), IsOk());
+  *req.mutable_object() = Widget("b");
+  req.mutable_fence()->set_epoch(4);
+  EXPECT_THAT(store_->Create(req),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("epoch 5")));
+  EXPECT_EQ(store_->revision(), 2);
+}
+
+TEST_F(ObjectStoreTest, List_PagesStayAtFirstRevision) {
+  Make(Role::kShard);
+  DefineWidgets();
+  for (int i = 0; i < 10; ++i) ASSERT_THAT(Create(Widget(absl::StrCat("w", i))), IsOk());
+  auto page1 = List(4);
+  ASSERT_THAT(page1, IsOk());
+  ASSERT_EQ(page1->items_size(), 4);
+  ASSERT_FALSE(page1->continue_token().empty());
+  // Change the rest: delete w5, add w99, modify w9.
+  ASSERT_THAT(Delete("w5"), IsOk());
+  ASSERT_THAT(Create(Widget("w99")), IsOk());
+  ASSERT_THAT(Update(Widget("w9", "{}", R"({"size":42})")), IsOk());
+  std::vector<std::string> names;
+  for (const auto& o : page1->items()) names.push_back(o.metadata().name());
+  std::string token = page1->continue_token();
+  while (!token.empty()) {
+    auto page = List(4, token);
+    ASSERT_THAT(page, IsOk());
+    EXPECT_EQ(page->resource_version(), page1->resource_version());
+    for (const auto& o : page->items()) {
+      names.push_back(o.metadata().name());
+      if (o.metadata().name() == "w9") {
+        EXPECT_EQ(o.spec().fields().at("size").number_value(), 1);
+      }
+    }
+    token = page->continue_token();
+  }
+  EXPECT_THAT(names, ElementsAre("w0", "w1", "w2", "w3", "w4", "w5", "w6", "w7", "w8", "w9"));
+}
+
+TEST_F(ObjectStoreTest, List_ContinueAfterCompaction_IsOutOfRange) {
+  Make(Role::kShard, /*history=*/5);
+  DefineWidgets();
+  for (int i = 0; i < 6; ++i) ASSERT_THAT(Create(Widget(absl::StrCat("w", i))), IsOk());
+  auto page1 = List(2);
+  ASSERT_THAT(page1, IsOk());
+  for (int i = 0; i < 6; ++i)
+    ASSERT_THAT(Update(Widget("w0", "{}", absl::StrCat("{\"n\":", i, "}"))), IsOk());
+  EXPECT_THAT(List(2, page1->continue_token()),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("too old resource version")));
+}
+
+TEST_F(ObjectStoreTest, List_LabelSelectorFilters) {
+  Make(Role::kShard);
+  DefineWidgets();
+  ASSERT_THAT(Create(Widget("a", R"({"app":"web","tier":"front"})")), IsOk());
+  ASSERT_THAT(Create(Widget("b", R"({"app":"web","tier":"back"})")), IsOk());
+  ASSERT_THAT(Create(Widget("c", R"({"app":"db"})")), IsOk());
+  auto l = List(0, "", "app=web,tier notin (back)");
+  ASSERT_THAT(l, IsOk());
+  ASSERT_EQ(l->items_size(), 1);
+  EXPECT_EQ(l->items(0).metadata().name(), "a");
+  EXPECT_THAT(List(0, "", "app in (web"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("label_selector")));
+}
+
+TEST_F(ObjectStoreTest, Watch_FromRevision_ReplaysHistoryThenLive) {
+  Make(Role::kShard);
+  DefineWidgets();
+  ASSERT_THAT(Create(Widget("a")), IsOk());                         // rv 3
+  ASSERT_THAT(Update(Widget("a", "{}", R"({"size":2})")), IsOk());  // rv 4
+  RecordingWatcher w;
+  v1::WatchRequest req;
+  *req.mutable_resource() = Widgets();
+  req.set_resource_version("3");
+  ASSERT_THAT(store_->StartWatch(req, &w), IsOk());
+  ASSERT_THAT(Delete("a"), IsOk());  // rv 5
+  EXPECT_THAT(w.WaitFor(2), ElementsAre("MODIFIED a 4", "DELETED a 5"));
+  cache_.Unregister(&w);
+}
+
+TEST_F(ObjectStoreTest, Watch_FromNow_SendsStateThenBookmark) {
+  Make(Role::kShard);
+  DefineWidgets();
+  ASSERT_THAT(Create(Widget("a")), IsOk());
+  ASSERT_THAT(Create(Widget("b")), IsOk());
+  RecordingWatcher w;
+  v1::WatchRequest req;
+  *req.mutable_resource() = Widgets();
+  ASSERT_THAT(store_->StartWatch(req, &w), IsOk());
+  ASSERT_THAT(Create(Widget("c")), IsOk());
+  EXPECT_THAT(w.WaitFor(4), ElementsAre("ADDED a 3", "ADDED b 4", "BOOKMARK  4", "ADDED c 5"));
+  cache_.Unregister(&w);
+}
+
+TEST_F(ObjectStoreTest, Watch_SelectorCrossing_BecomesAddedOrDeleted) {
+  Make(Role::kShard);
+  DefineWidgets();
+  RecordingWatcher w;
+  v1::WatchRequest req;
+  *req.mutable_resource() = Widgets();
+  req.set_resource_version("2");
+  req.set_label_selector("app=web");
+  ASSERT_THAT(store_->StartWatch(req, &w), IsOk());
+  ASSERT_THAT(Create(Widget("a", R"({"app":"db"})")), IsOk());   // 3: not seen
+  ASSERT_THAT(Update(Widget("a", R"({"app":"web"})")), IsOk());  // 4: ADDED
+  ASSERT_THAT(Update(Widget("a", R"({"app":"db"})")), IsOk());   // 5: DELETED
+  ASSERT_THAT(Create(Widget("b", R"({"app":"web"})")), IsOk());  // 6: ADDED
+  EXPECT_THAT(w.WaitFor(3), ElementsAre("ADDED a 4", "DELETED a 5", "ADDED b 6"));
+  cache_.Unregister(&w);
+}
+
+TEST_F(ObjectStoreTest, Watch_TooOldRevision_IsOutOfRange) {
+  Make(Role::kShard, /*history=*/3);
+  DefineWidgets();
+  for (int i = 0; i < 5; ++i) ASSERT_THAT(Create(Widget(absl::StrCat("w", i))), IsOk());
+  RecordingWatcher w;
+  v1::WatchRequest req;
+  *req.mutable_resource() = Widgets();
+  req.set_resource_version("2");
+  EXPECT_THAT(store_->StartWatch(req, &w),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("too old resource version")));
+  req.set_resource_version("4");  // compacted up to 4: events 5.. remain
+  EXPECT_THAT(store_->StartWatch(req, &w), IsOk());
+  cache_.Unregister(&w);
+}
+
+TEST_F(ObjectStoreTest, DefinitionDeleted_DeletesObjectsThenEndsWatches) {
+  Make(Role::kShard);
+  DefineWidgets();
+  ASSERT_THAT(Create(Widget("a")), IsOk());
+  ASSERT_THAT(Create(Widget("b")), IsOk());
+  RecordingWatcher w;
+  v1::WatchRequest req;
+  *req.mutable_resource() = Widgets();
+  req.set_resource_version("4");
+  ASSERT_THAT(store_->StartWatch(req, &w), IsOk());
+  v1::DeleteRequest del;
+  *del.mutable_resource() = Definitions();
+  del.set_name("widgets.example.com");
+  ASSERT_THAT(store_->Delete(del), IsOk());
+  EXPECT_THAT(w.WaitFor(3), ElementsAre("DELETED a 6", "DELETED b 7", "END NOT_FOUND"));
+  EXPECT_THAT(List(0), StatusIs(absl::StatusCode::kNotFound));
+  cache_.Unregister(&w);
+
+  // Recreated: served again, and empty.
+  DefineWidgets();
+  auto l = List(0);
+  ASSERT_THAT(l, IsOk());
+  EXPECT_EQ(l->items_size(), 0);
+}
+
+TEST_F(ObjectStoreTest, DefinitionVersionRemoved_EndsOnlyThatVersionsWatches) {
+  Make(Role::kShard);
+  v1::CreateRequest def;
+  *def.mutable_resource() = Definitions();
+  *def.mutable_object() = WidgetDefinition(true, R"([{"name":"v1"},{"name":"v2"}])");
+  ASSERT_THAT(store_->Create(def), IsOk());
+  RecordingWatcher w1, w2;
+  v1::WatchRequest req;
+  *req.mutable_resource() = Widgets("v1");
+  req.set_resource_version("2");
+  ASSERT_THAT(store_->StartWatch(req, &w1), IsOk());
+  *req.mutable_resource() = Widgets("v2");
+  ASSERT_THAT(store_->StartWatch(req, &w2), IsOk());
+  v1::UpdateRequest upd;
+  *upd.mutable_resource() = Definitions();
+  *upd.mutable_object() = WidgetDefinition(true, R"([{"name":"v1"},{"name":"v2","served":false}])");
+  ASSERT_THAT(store_->Update(upd), IsOk());
+  EXPECT_THAT(w2.WaitFor(1), ElementsAre("END NOT_FOUND"));
+  ASSERT_THAT(Create(Widget("a")), IsOk());
+  EXPECT_THAT(w1.WaitFor(1), ElementsAre("ADDED a 4"));
+  cache_.Unregister(&w1);
+  cache_.Unregister(&w2);
+}
+
+TEST_F(ObjectStoreTest, ShardRole_UnknownResource_IsNotFound) {
+  Make(Role::kShard);
+  EXPECT_THAT(Create(Widget("a")),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("widgets.example.com/v1")));
+  EXPECT_EQ(store_->revision(), 1);
+}
+
+TEST_F(ObjectStoreTest, Compaction_DropsOldVersions_KeepsCurrent) {
+  Make(Role::kCache, /*history=*/2);
+  ASSERT_THAT(Create(Widget("a")), IsOk());
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_THAT(Update(Widget("a", "{}", absl::StrCat("{\"n\":", i, "}"))), IsOk());
+  }
+  ASSERT_THAT(Delete("a"), IsOk());
+  ASSERT_THAT(Create(Widget("b")), IsOk());
+  ASSERT_THAT(Create(Widget("c")), IsOk());
+  auto l = List(0);
+  ASSERT_THAT(l, IsOk());
+  ASSERT_EQ(l->items_size(), 2);
+  EXPECT_EQ(l->items(0).metadata().name(), "b");
+}
+
+}  // namespace
+}  // namespace shardcache

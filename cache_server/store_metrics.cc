@@ -1,0 +1,52 @@
+#include "cache_server/store_metrics.h"
+
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+
+namespace shardcache {
+namespace {
+
+prometheus::Gauge& MakeGauge(prometheus::Registry& r, const std::string& name,
+                             const std::string& help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
+}
+
+prometheus::Counter& MakeCounter(prometheus::Registry& r, const std::string& name,
+                                 const std::string& help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
+}
+
+}  // namespace
+
+StoreMetrics::StoreMetrics(std::shared_ptr<prometheus::Registry> registry)
+    : revision(MakeGauge(*registry, "shardcache_store_revision", "The store's current revision.")),
+      objects(MakeGauge(*registry, "shardcache_store_objects", "Live objects in the store.")),
+      history_events(MakeGauge(*registry, "shardcache_store_history_events",
+                               "Events held in the watch history window.")),
+      watchers(MakeGauge(*registry, "shardcache_store_watchers", "Open watch streams.")),
+      events_dispatched(MakeCounter(*registry, "shardcache_store_events_dispatched_total",
+                                    "Events handed to watchers.")),
+      watchers_too_slow(MakeCounter(*registry, "shardcache_store_watchers_too_slow_total",
+                                    "Watchers ended because they could not keep up.")),
+      writes(MakeCounter(*registry, "shardcache_store_writes_total", "Committed writes.")),
+      registry_(std::move(registry)),
+      requests_(prometheus::BuildCounter()
+                    .Name("shardcache_grpc_requests_total")
+                    .Help("RPCs finished, by method and status code.")
+                    .Register(*registry_)),
+      request_seconds_(prometheus::BuildHistogram()
+                           .Name("shardcache_grpc_request_duration_seconds")
+                           .Help("Duration of unary RPCs and of each write in a Write stream.")
+                           .Register(*registry_)) {}
+
+void StoreMetrics::ObserveRequest(const std::string& method, const std::string& code,
+                                  double seconds) {
+  requests_.Add({{"method", method}, {"code", code}}).Increment();
+  if (seconds < 0) return;
+  static const prometheus::Histogram::BucketBoundaries kBuckets = {
+      0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1};
+  request_seconds_.Add({{"method", method}}, kBuckets).Observe(seconds);
+}
+
+}  // namespace shardcache

@@ -1,0 +1,44 @@
+// StoreMetrics: the Prometheus metrics of a cache_server, registered in one registry.
+//
+// prometheus-cpp metrics are thread-safe; the struct is constant after construction.
+#ifndef SHARDCACHE_CACHE_SERVER_STORE_METRICS_H_
+#define SHARDCACHE_CACHE_SERVER_STORE_METRICS_H_
+
+#include <memory>
+#include <string>
+
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace shardcache {
+
+class StoreMetrics {
+ public:
+  explicit StoreMetrics(std::shared_ptr<prometheus::Registry> registry);
+
+  const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
+
+  // One RPC finished: method name, status code name, and duration (negative for streams, which
+  // are counted but not timed).
+  void ObserveRequest(const std::string& method, const std::string& code, double seconds);
+
+  prometheus::Gauge& revision;             // the store's current revision
+  prometheus::Gauge& objects;              // live objects, all resources
+  prometheus::Gauge& history_events;       // events in the watch history window
+  prometheus::Gauge& watchers;             // open watch streams
+  prometheus::Counter& events_dispatched;  // events handed to watchers
+  prometheus::Counter& watchers_too_slow;  // watchers ended because they fell behind
+  prometheus::Counter& writes;             // committed writes
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Family<prometheus::Histogram>& request_seconds_;
+};
+
+}  // namespace shardcache
+
+#endif  // SHARDCACHE_CACHE_SERVER_STORE_METRICS_H_

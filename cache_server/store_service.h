@@ -1,0 +1,60 @@
+// StoreService: the shardcache.v1.Store gRPC service (callback API) over an ObjectStore.
+//
+// Unary methods run the store operation inline and finish through the default reactor. Watch
+// returns a WatchReactor; Write returns a WriteStreamReactor that applies each write in order and
+// answers each, pausing reads while too many answers wait to be sent. Errors are converted from
+// absl::Status to grpc::Status here, and only here.
+//
+// Thread-safety: gRPC calls the methods from its own threads, concurrently.
+#ifndef SHARDCACHE_CACHE_SERVER_STORE_SERVICE_H_
+#define SHARDCACHE_CACHE_SERVER_STORE_SERVICE_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include "cache_server/object_store.h"
+#include "cache_server/store_metrics.h"
+#include "cache_server/watch_cache.h"
+#include "shardcache/v1/store.grpc.pb.h"
+
+namespace shardcache {
+
+class StoreService final : public v1::Store::CallbackService {
+ public:
+  struct Options {
+    // Live events that may wait for a slow watcher before it is ended (RESOURCE_EXHAUSTED).
+    size_t watch_queue_events = 1000;
+  };
+
+  // Not owned; must outlive the service.
+  StoreService(Options options, ObjectStore* store, WatchCache* watch_cache, StoreMetrics* metrics);
+
+  grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* ctx, const v1::GetRequest* req,
+                                v1::Object* resp) override;
+  grpc::ServerUnaryReactor* List(grpc::CallbackServerContext* ctx, const v1::ListRequest* req,
+                                 v1::ListResponse* resp) override;
+  grpc::ServerWriteReactor<v1::WatchEvent>* Watch(grpc::CallbackServerContext* ctx,
+                                                  const v1::WatchRequest* req) override;
+  grpc::ServerUnaryReactor* Create(grpc::CallbackServerContext* ctx, const v1::CreateRequest* req,
+                                   v1::Object* resp) override;
+  grpc::ServerUnaryReactor* Update(grpc::CallbackServerContext* ctx, const v1::UpdateRequest* req,
+                                   v1::Object* resp) override;
+  grpc::ServerUnaryReactor* UpdateStatus(grpc::CallbackServerContext* ctx,
+                                         const v1::UpdateRequest* req, v1::Object* resp) override;
+  grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* ctx, const v1::DeleteRequest* req,
+                                   v1::DeleteResponse* resp) override;
+  grpc::ServerBidiReactor<v1::WriteRequest, v1::WriteResponse>* Write(
+      grpc::CallbackServerContext* ctx) override;
+
+  // Applies one write of a Write stream and returns its answer.
+  v1::WriteResponse Apply(const v1::WriteRequest& req);
+
+ private:
+  const Options options_;
+  ObjectStore* const store_;
+  WatchCache* const watch_cache_;
+  StoreMetrics* const metrics_;
+};
+
+}  // namespace shardcache
+
+#endif  // SHARDCACHE_CACHE_SERVER_STORE_SERVICE_H_

@@ -1,0 +1,142 @@
+#include "cache_server/watch_cache.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+
+namespace shardcache {
+namespace {
+
+using ::testing::ElementsAre;
+
+class FakeWatcher : public Watcher {
+ public:
+  explicit FakeWatcher(WatchSpec spec) : spec_(std::move(spec)) {}
+  void Init(WatchSpec, std::vector<std::pair<v1::WatchEvent::Type, ObjectPtr>>) override {}
+  const WatchSpec& spec() const override { return spec_; }
+  void Deliver(v1::WatchEvent::Type type, const ObjectPtr& o) override {
+    Record(absl::StrCat(v1::WatchEvent::Type_Name(type), " ", o->metadata().name()));
+  }
+  void Bookmark(int64_t revision) override { Record(absl::StrCat("BOOKMARK ", revision)); }
+  void End(const absl::Status& s) override {
+    Record(absl::StrCat("END ", absl::StatusCodeToString(s.code())));
+  }
+  std::vector<std::string> WaitFor(size_t n) {
+    absl::MutexLock l(&mu_);
+    auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return seen_.size() >= n; };
+    mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
+    return seen_;
+  }
+
+ private:
+  void Record(std::string s) {
+    absl::MutexLock l(&mu_);
+    seen_.push_back(std::move(s));
+  }
+  WatchSpec spec_;
+  absl::Mutex mu_;
+  std::vector<std::string> seen_ ABSL_GUARDED_BY(mu_);
+};
+
+EventPtr MakeEvent(int64_t rev, v1::WatchEvent::Type type, const std::string& name,
+                   const std::string& app, const std::string& prev_app = "") {
+  auto e = std::make_shared<Event>();
+  e->revision = rev;
+  e->type = type;
+  e->group_resource = "example.com/widgets";
+  auto o = std::make_shared<v1::Object>();
+  o->mutable_metadata()->set_name(name);
+  (*o->mutable_metadata()->mutable_labels())["app"] = app;
+  e->object = o;
+  if (!prev_app.empty()) {
+    auto p = std::make_shared<v1::Object>(*o);
+    (*p->mutable_metadata()->mutable_labels())["app"] = prev_app;
+    e->prev = p;
+  }
+  return e;
+}
+
+WatchSpec Spec(int64_t start, const std::string& selector = "") {
+  WatchSpec s;
+  s.group_resource = "example.com/widgets";
+  s.version = "v1";
+  s.start_revision = start;
+  s.filter.selector = *LabelSelector::Parse(selector);
+  return s;
+}
+
+class WatchCacheTest : public ::testing::Test {
+ protected:
+  StoreMetrics metrics_{std::make_shared<prometheus::Registry>()};
+};
+
+TEST_F(WatchCacheTest, Dispatch_SkipsEventsAtOrBeforeStart) {
+  WatchCache cache({absl::Seconds(60)}, &metrics_);
+  FakeWatcher w(Spec(5));
+  ASSERT_TRUE(cache.Register(&w).ok());
+  cache.Publish({MakeEvent(5, v1::WatchEvent::ADDED, "old", "web"),
+                 MakeEvent(6, v1::WatchEvent::ADDED, "new", "web")});
+  EXPECT_THAT(w.WaitFor(1), ElementsAre("ADDED new"));
+  cache.Unregister(&w);
+}
+
+TEST_F(WatchCacheTest, Dispatch_FilterCrossingChangesType) {
+  WatchCache cache({absl::Seconds(60)}, &metrics_);
+  FakeWatcher w(Spec(0, "app=web"));
+  ASSERT_TRUE(cache.Register(&w).ok());
+  cache.Publish({MakeEvent(2, v1::WatchEvent::MODIFIED, "a", "web", "db"),
+                 MakeEvent(3, v1::WatchEvent::MODIFIED, "a", "web", "web"),
+                 MakeEvent(4, v1::WatchEvent::MODIFIED, "a", "db", "web"),
+                 MakeEvent(5, v1::WatchEvent::MODIFIED, "a", "db", "db"),
+                 MakeEvent(6, v1::WatchEvent::ADDED, "b", "web")});
+  EXPECT_THAT(w.WaitFor(4), ElementsAre("ADDED a", "MODIFIED a", "DELETED a", "ADDED b"));
+  cache.Unregister(&w);
+}
+
+TEST_F(WatchCacheTest, ResourceGone_EndsAfterEarlierEvents) {
+  WatchCache cache({absl::Seconds(60)}, &metrics_);
+  FakeWatcher w1(Spec(0));
+  WatchSpec other = Spec(0);
+  other.group_resource = "example.com/gadgets";
+  FakeWatcher w2(other);
+  ASSERT_TRUE(cache.Register(&w1).ok());
+  ASSERT_TRUE(cache.Register(&w2).ok());
+  cache.Publish({MakeEvent(2, v1::WatchEvent::DELETED, "a", "web")});
+  cache.PublishResourceGone("example.com/widgets", "", absl::NotFoundError("gone"));
+  EXPECT_THAT(w1.WaitFor(2), ElementsAre("DELETED a", "END NOT_FOUND"));
+  EXPECT_EQ(cache.watcher_count(), 2u);
+  cache.Unregister(&w1);
+  cache.Unregister(&w2);
+  EXPECT_TRUE(w2.WaitFor(0).empty());
+}
+
+TEST_F(WatchCacheTest, Bookmarks_CarryDispatchedRevision) {
+  WatchCache cache({absl::Milliseconds(20)}, &metrics_);
+  FakeWatcher w(Spec(3));
+  ASSERT_TRUE(cache.Register(&w).ok());
+  EXPECT_EQ(w.WaitFor(1).front(), "BOOKMARK 3");
+  cache.Publish({MakeEvent(4, v1::WatchEvent::ADDED, "a", "web")});
+  std::vector<std::string> seen;
+  for (int i = 0; i < 100 && (seen.empty() || seen.back() != "BOOKMARK 4"); ++i) {
+    seen = w.WaitFor(seen.size() + 1);
+  }
+  EXPECT_EQ(seen.back(), "BOOKMARK 4");
+  cache.Unregister(&w);
+}
+
+TEST_F(WatchCacheTest, Shutdown_EndsWatchersAndRefusesNew) {
+  WatchCache cache({absl::Seconds(60)}, &metrics_);
+  FakeWatcher w(Spec(0));
+  ASSERT_TRUE(cache.Register(&w).ok());
+  // The fake does not unregister itself, so Shutdown reports it as left over.
+  EXPECT_EQ(cache.Shutdown(absl::Milliseconds(50)), 1u);
+  EXPECT_THAT(w.WaitFor(1), ElementsAre("END UNAVAILABLE"));
+  FakeWatcher late(Spec(0));
+  EXPECT_EQ(cache.Register(&late).code(), absl::StatusCode::kUnavailable);
+  cache.Unregister(&w);
+}
+
+}  // namespace
+}  // namespace shardcache
