@@ -16,8 +16,10 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cache_server/object_store.h"
+#include "cache_server/rocksdb_storage.h"
 #include "cache_server/store_metrics.h"
 #include "cache_server/store_service.h"
 #include "cache_server/watch_cache.h"
@@ -39,6 +41,14 @@ ABSL_FLAG(int64_t, max_object_bytes, 1536 * 1024,
 ABSL_FLAG(int64_t, history_events, 10000,
           "events kept in the watch history window; a watch or continued list from an older "
           "revision fails with OUT_OF_RANGE (too old resource version)");
+ABSL_FLAG(std::string, data_dir, "shardcache-data",
+          "the directory where the store keeps its data (RocksDB); created when absent");
+ABSL_FLAG(bool, sync, true,
+          "acknowledge a write only once it is synced to disk (group commit shares syncs among "
+          "concurrent writers); --sync=false: a pure cache whose last writes before a machine "
+          "crash may be lost (a process crash loses nothing)");
+ABSL_FLAG(absl::Duration, history_age, absl::Hours(1),
+          "events older than this leave the watch history window (0: no age limit)");
 ABSL_FLAG(int64_t, watch_queue_events, 1000,
           "live events that may wait for one watcher; a watcher further behind is ended with "
           "RESOURCE_EXHAUSTED");
@@ -58,6 +68,8 @@ struct Config {
   std::string listen;
   std::string http_listen;
   std::string port_file;
+  std::string data_dir;
+  bool sync = true;
   absl::Duration drain_timeout;
 };
 
@@ -75,6 +87,13 @@ absl::StatusOr<Config> ConfigFromFlags() {
   c.store.max_object_bytes = absl::GetFlag(FLAGS_max_object_bytes);
   if (c.store.max_object_bytes < 1024 || c.store.max_object_bytes > (64 << 20)) {
     return absl::InvalidArgumentError("--max-object-bytes: must be between 1024 and 67108864");
+  }
+  c.data_dir = absl::GetFlag(FLAGS_data_dir);
+  if (c.data_dir.empty()) return absl::InvalidArgumentError("--data-dir: must not be empty");
+  c.sync = absl::GetFlag(FLAGS_sync);
+  c.store.history_age = absl::GetFlag(FLAGS_history_age);
+  if (c.store.history_age < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--history-age: must not be negative");
   }
   c.store.history_events = absl::GetFlag(FLAGS_history_events);
   if (c.store.history_events < 1) {
@@ -120,11 +139,21 @@ int Refuse(const absl::Status& status) {
   return 2;
 }
 
-int Run(const Config& config, const std::string& role_name) {
+int Run(Config config, const std::string& role_name) {
+  absl::Time load_start = absl::Now();
+  auto storage = RocksDbStorage::Open({config.data_dir, config.sync});
+  if (!storage.ok()) return Refuse(storage.status());
+  absl::StatusOr<PersistedState> state = (*storage)->Load();
+  if (!state.ok()) return Refuse(state.status());
+  spdlog::info("loaded {} objects and {} history events at revision {} from {} in {}",
+               state->objects.size(), state->history.size(), state->revision, config.data_dir,
+               absl::FormatDuration(absl::Now() - load_start));
+  config.store.storage = storage->get();
+
   auto registry = std::make_shared<prometheus::Registry>();
   StoreMetrics metrics(registry);
   WatchCache watch_cache(config.watch, &metrics);
-  ObjectStore store(config.store, &watch_cache, &metrics);
+  ObjectStore store(config.store, &watch_cache, &metrics, *std::move(state));
   StoreService service(config.service, &store, &watch_cache, &metrics);
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -132,6 +161,8 @@ int Run(const Config& config, const std::string& role_name) {
   grpc::ServerBuilder builder;
   int grpc_port = 0;
   builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &grpc_port);
+  // A second server must not share a port this one serves.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // Let objects up to twice the limit through, so that they get the store's clear error.
   builder.SetMaxReceiveMessageSize(static_cast<int>(
       std::min<int64_t>(2 * config.store.max_object_bytes + (1 << 20), INT32_MAX)));
@@ -159,10 +190,11 @@ int Run(const Config& config, const std::string& role_name) {
   }
   server->GetHealthCheckService()->SetServingStatus(true);
   spdlog::info(
-      "serving role={} grpc={} (port {}) http={} (port {}) max_object_bytes={} "
-      "history_events={}",
-      role_name, config.listen, grpc_port, config.http_listen, *http_port,
-      config.store.max_object_bytes, config.store.history_events);
+      "serving role={} grpc={} (port {}) http={} (port {}) data_dir={} sync={} "
+      "max_object_bytes={} history_events={} history_age={}",
+      role_name, config.listen, grpc_port, config.http_listen, *http_port, config.data_dir,
+      config.sync, config.store.max_object_bytes, config.store.history_events,
+      absl::FormatDuration(config.store.history_age));
 
   int sig = WaitForTerminationSignal();
   spdlog::info("received signal {}: draining (up to {})", sig,
@@ -173,7 +205,8 @@ int Run(const Config& config, const std::string& role_name) {
   if (left > 0) spdlog::warn("{} watch streams did not end in time", left);
   server->Shutdown(absl::ToChronoTime(absl::Now() + config.drain_timeout));
   http.Stop();
-  spdlog::info("stopped at revision {}", store.revision());
+  int64_t revision = store.revision();
+  spdlog::info("stopped at revision {}", revision);
   return 0;
 }
 
@@ -182,6 +215,9 @@ int Run(const Config& config, const std::string& role_name) {
 
 int main(int argc, char** argv) {
   shardcache::BlockTerminationSignals();
+  // Debian's Abseil is built with deadlock detection on, which puts every lock acquisition
+  // through a global graph: too costly for a server; the tests run with it on.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   absl::SetProgramUsageMessage(
       "the shardcache object store.\n\n"
       "  cache_server --role=cache --listen=127.0.0.1:7070 --http-listen=127.0.0.1:8070\n"

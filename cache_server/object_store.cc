@@ -13,8 +13,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
 #include "common/status_macros.h"
 #include "common/validation.h"
+#include "spdlog/spdlog.h"
 
 namespace shardcache {
 namespace {
@@ -22,7 +24,10 @@ namespace {
 using google::protobuf::util::MessageDifferencer;
 using google::protobuf::util::TimeUtil;
 
-constexpr int kMaxStructDepth = 64;
+// JSON nesting allowed in spec and status. gRPC parses requests with protobuf's default
+// recursion limit (100 message levels, about 3 per JSON level), so deeper values never reach the
+// store; this limit stays below that so that the error is ours and names the field.
+constexpr int kMaxStructDepth = 24;
 
 std::string NewUid() {
   static absl::Mutex mu(absl::kConstInit);
@@ -212,16 +217,191 @@ absl::Status DecodeContinue(const std::string& token, int64_t* revision, std::st
       "continue_token: Invalid value: malformed (pass the token of the previous page as is)");
 }
 
+// The object of the last version at or before `revision` (null: absent or deleted then).
+template <typename Versions>
+const ObjectPtr& VersionAt(const Versions& versions, int64_t revision) {
+  static const ObjectPtr* const kNone = new ObjectPtr();
+  auto v = std::upper_bound(versions.begin(), versions.end(), revision,
+                            [](int64_t rev, const auto& ver) { return rev < ver.revision; });
+  return v == versions.begin() ? *kNone : std::prev(v)->object;
+}
+
+int64_t RevisionOf(const ObjectPtr& o) {
+  int64_t rv = 0;
+  (void)absl::SimpleAtoi(o->metadata().resource_version(), &rv);
+  return rv;
+}
+
+// Runs an asynchronous store call and waits for its callback.
+template <typename T>
+absl::StatusOr<T> Await(const std::function<void(std::function<void(absl::StatusOr<T>)>)>& start) {
+  absl::Notification done;
+  absl::StatusOr<T> result = absl::UnknownError("not completed");
+  start([&](absl::StatusOr<T> r) {
+    result = std::move(r);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return result;
+}
+
 }  // namespace
 
-ObjectStore::ObjectStore(Options options, WatchCache* watch_cache, StoreMetrics* metrics)
+ObjectStore::ObjectStore(Options options, WatchCache* watch_cache, StoreMetrics* metrics,
+                         PersistedState state)
     : options_(options), watch_cache_(watch_cache), metrics_(metrics), registry_(options.role) {
-  metrics_->revision.Set(1);
+  {
+    absl::MutexLock l(&mu_);
+    RecoverLocked(std::move(state));
+  }
+  committer_ = std::thread([this] { RunCommitter(); });
+}
+
+ObjectStore::~ObjectStore() {
+  {
+    absl::MutexLock l(&mu_);
+    stopping_ = true;
+  }
+  committer_.join();
+}
+
+void ObjectStore::RecoverLocked(PersistedState state) {
+  revision_ = durable_revision_ = state.revision;
+  compacted_revision_ = state.compacted_revision;
+  epochs_ = std::move(state.epochs);
+  // The history gives each key its versions inside the window (and the one before it).
+  for (EventPtr& e : state.history) {
+    std::vector<Version>& versions =
+        resources_[e->group_resource].keys[ObjectKey(e->object->metadata())];
+    if (versions.empty() && e->prev != nullptr) {
+      versions.push_back(Version{RevisionOf(e->prev), e->prev});
+    }
+    versions.push_back(
+        Version{e->revision, e->type == v1::WatchEvent::DELETED ? nullptr : e->object});
+    history_.push_back(std::move(e));
+  }
+  const std::string definitions = absl::StrCat(kDefinitionGroup, "/", kDefinitionResource);
+  for (auto& [gr, obj] : state.objects) {
+    std::vector<Version>& versions = resources_[gr].keys[ObjectKey(obj->metadata())];
+    if (versions.empty()) versions.push_back(Version{RevisionOf(obj), obj});
+    ++live_objects_;
+    if (gr == definitions) OnDefinitionChangedLocked(nullptr, versions.back().object);
+  }
+  // Definitions are applied directly; nothing is waiting to be published yet.
+  pending_.clear();
+  metrics_->revision.Set(static_cast<double>(revision_));
+  metrics_->objects.Set(static_cast<double>(live_objects_));
+  metrics_->history_events.Set(static_cast<double>(history_.size()));
 }
 
 int64_t ObjectStore::revision() const {
   absl::ReaderMutexLock l(&mu_);
-  return revision_;
+  return durable_revision_;
+}
+
+ObjectPtr ObjectStore::DurableLocked(const std::string& group_resource,
+                                     const std::string& key) const {
+  auto r = resources_.find(group_resource);
+  if (r == resources_.end()) return nullptr;
+  auto k = r->second.keys.find(key);
+  if (k == r->second.keys.end()) return nullptr;
+  return VersionAt(k->second, durable_revision_);
+}
+
+void ObjectStore::CompleteWhenDurable(int64_t revision, std::function<void()> complete) {
+  {
+    absl::MutexLock l(&mu_);
+    if (revision > durable_revision_) {
+      waiters_.push_back(Waiter{revision, std::move(complete)});
+      return;
+    }
+  }
+  complete();
+}
+
+void ObjectStore::RunCommitter() {
+  absl::Time next_age_check = absl::Now() + absl::Seconds(1);
+  while (true) {
+    std::vector<PendingItem> items;
+    CommitBatch batch;
+    {
+      absl::MutexLock l(&mu_);
+      auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !pending_.empty() || !pending_epochs_.empty();
+      };
+      mu_.AwaitWithDeadline(absl::Condition(&work), next_age_check);
+      if (pending_.empty() && pending_epochs_.empty()) {
+        if (stopping_) return;
+        CompactLocked();  // idle: let old events leave the window by age
+        next_age_check = absl::Now() + absl::Seconds(1);
+        continue;
+      }
+      items.swap(pending_);
+      batch.epochs.swap(pending_epochs_);
+      batch.revision = revision_;
+      batch.compacted_revision = compacted_revision_;
+    }
+    for (const PendingItem& item : items) {
+      if (item.event != nullptr) batch.events.push_back(item.event);
+    }
+    if (options_.storage != nullptr) {
+      absl::Status written = options_.storage->Commit(batch);
+      if (!written.ok()) {
+        // Memory is ahead of the disk and cannot be taken back: stop, and recover on restart.
+        spdlog::critical("cannot make writes durable, stopping: {}", written.ToString());
+        std::abort();
+      }
+    }
+    std::vector<Waiter> done;
+    {
+      absl::MutexLock l(&mu_);
+      durable_revision_ = batch.revision;
+      CompactLocked();
+      for (auto it = waiters_.begin(); it != waiters_.end();) {
+        if (it->revision <= durable_revision_) {
+          done.push_back(std::move(*it));
+          it = waiters_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      metrics_->revision.Set(static_cast<double>(durable_revision_));
+    }
+    // Publish in revision order; only this thread publishes.
+    std::vector<EventPtr> run;
+    for (PendingItem& item : items) {
+      if (item.event != nullptr) {
+        run.push_back(std::move(item.event));
+        continue;
+      }
+      if (!run.empty()) watch_cache_->Publish(std::move(run));
+      run.clear();
+      watch_cache_->PublishResourceGone(item.gone_resource, item.gone_version, item.gone_revision,
+                                        std::move(item.gone_status));
+    }
+    if (!run.empty()) watch_cache_->Publish(std::move(run));
+    for (Waiter& w : done) w.complete();
+  }
+}
+
+absl::StatusOr<ObjectPtr> ObjectStore::Create(const v1::CreateRequest& req) {
+  return Await<ObjectPtr>([&](ObjectCallback done) { CreateAsync(req, std::move(done)); });
+}
+
+absl::StatusOr<ObjectPtr> ObjectStore::Update(const v1::UpdateRequest& req) {
+  return Await<ObjectPtr>([&](ObjectCallback done) { UpdateAsync(req, std::move(done)); });
+}
+
+absl::StatusOr<ObjectPtr> ObjectStore::UpdateStatus(const v1::UpdateRequest& req) {
+  return Await<ObjectPtr>([&](ObjectCallback done) { UpdateStatusAsync(req, std::move(done)); });
+}
+
+absl::StatusOr<ObjectPtr> ObjectStore::Upsert(const v1::UpdateRequest& req) {
+  return Await<ObjectPtr>([&](ObjectCallback done) { UpsertAsync(req, std::move(done)); });
+}
+
+absl::StatusOr<ObjectStore::DeleteResult> ObjectStore::Delete(const v1::DeleteRequest& req) {
+  return Await<DeleteResult>([&](DeleteCallback done) { DeleteAsync(req, std::move(done)); });
 }
 
 ObjectPtr ObjectStore::CurrentLocked(const std::string& group_resource,
@@ -237,7 +417,7 @@ absl::StatusOr<ObjectPtr> ObjectStore::Get(const v1::GetRequest& req) const {
   absl::ReaderMutexLock l(&mu_);
   ASSIGN_OR_RETURN(ResourceInfo info, registry_.Resolve(req.resource()));
   RETURN_IF_ERROR(ValidateKey(info, "", req.shard(), req.cluster(), req.namespace_(), req.name()));
-  ObjectPtr cur = CurrentLocked(
+  ObjectPtr cur = DurableLocked(
       info.group_resource, ObjectKey(req.shard(), req.cluster(), req.namespace_(), req.name()));
   if (cur == nullptr) {
     return absl::NotFoundError(absl::StrCat(Describe(req.resource(), req.name()), " not found"));
@@ -259,13 +439,13 @@ absl::StatusOr<v1::ListResponse> ObjectStore::List(const v1::ListRequest& req) c
   absl::ReaderMutexLock l(&mu_);
   ASSIGN_OR_RETURN(ResourceInfo info, registry_.Resolve(req.resource()));
   if (!continued) {
-    at = revision_;
+    at = durable_revision_;
   } else if (at < compacted_revision_) {
     return absl::OutOfRangeError(
         absl::StrCat("continue_token: too old resource version: the list's revision ", at,
                      " has left the history window (oldest ", compacted_revision_,
                      "); list again without a continue token"));
-  } else if (at > revision_) {
+  } else if (at > durable_revision_) {
     return absl::InvalidArgumentError(
         "continue_token: Invalid value: its revision is newer than the store's");
   }
@@ -280,12 +460,7 @@ absl::StatusOr<v1::ListResponse> ObjectStore::List(const v1::ListRequest& req) c
   std::string last_returned;
   for (; it != keys.end(); ++it) {
     if (it->first.compare(0, prefix.size(), prefix) != 0) break;
-    const std::vector<Version>& versions = it->second;
-    // The last version at or before `at`.
-    auto v = std::upper_bound(versions.begin(), versions.end(), at,
-                              [](int64_t rev, const Version& ver) { return rev < ver.revision; });
-    if (v == versions.begin()) continue;
-    const ObjectPtr& obj = std::prev(v)->object;
+    const ObjectPtr& obj = VersionAt(it->second, at);
     if (obj == nullptr || !filter.Matches(*obj)) continue;
     if (req.limit() > 0 && resp.items_size() == req.limit()) {
       resp.set_continue_token(EncodeContinue(at, last_returned));
@@ -309,7 +484,10 @@ absl::Status ObjectStore::CheckFenceLocked(const v1::Fence& fence) {
         "fenced: shard \"", fence.shard(), "\" is at epoch ", highest,
         " and this write carries epoch ", fence.epoch(), " (a newer leader holds the shard)"));
   }
-  highest = fence.epoch();
+  if (fence.epoch() > highest) {
+    highest = fence.epoch();
+    pending_epochs_[fence.shard()] = highest;
+  }
   return absl::OkStatus();
 }
 
@@ -322,21 +500,26 @@ void ObjectStore::CommitLocked(const std::string& group_resource, v1::WatchEvent
   event->group_resource = group_resource;
   event->object = object;
   event->prev = std::move(prev);
+  event->time = options_.clock->Now();
+
   std::vector<Version>& versions = resources_[group_resource].keys[ObjectKey(object->metadata())];
   versions.push_back(Version{revision_, type == v1::WatchEvent::DELETED ? nullptr : object});
   if (type == v1::WatchEvent::ADDED) ++live_objects_;
   if (type == v1::WatchEvent::DELETED) --live_objects_;
   history_.push_back(event);
-  CompactLocked();
-  watch_cache_->Publish({std::move(event)});
-  metrics_->revision.Set(static_cast<double>(revision_));
+  pending_.push_back(PendingItem{std::move(event), {}, {}, 0, absl::OkStatus()});
   metrics_->objects.Set(static_cast<double>(live_objects_));
-  metrics_->history_events.Set(static_cast<double>(history_.size()));
   metrics_->writes.Increment();
 }
 
 void ObjectStore::CompactLocked() {
-  while (static_cast<int64_t>(history_.size()) > options_.history_events) {
+  absl::Time oldest_kept = options_.history_age > absl::ZeroDuration()
+                               ? options_.clock->Now() - options_.history_age
+                               : absl::InfinitePast();
+  // Only durable events leave the window: readers at the durable revision need their versions.
+  while (!history_.empty() && history_.front()->revision <= durable_revision_ &&
+         (static_cast<int64_t>(history_.size()) > options_.history_events ||
+          history_.front()->time < oldest_kept)) {
     EventPtr oldest = std::move(history_.front());
     history_.pop_front();
     compacted_revision_ = oldest->revision;
@@ -355,22 +538,29 @@ void ObjectStore::CompactLocked() {
       r->second.keys.erase(k);
     }
   }
+  metrics_->history_events.Set(static_cast<double>(history_.size()));
 }
 
-absl::StatusOr<ObjectPtr> ObjectStore::Create(const v1::CreateRequest& req) {
-  absl::MutexLock l(&mu_);
-  ASSIGN_OR_RETURN(ResourceInfo info, registry_.Resolve(req.resource()));
-  if (!req.object().metadata().resource_version().empty()) {
-    return absl::InvalidArgumentError(
-        "metadata.resourceVersion: Invalid value: must be empty when creating an object");
-  }
-  RETURN_IF_ERROR(CheckFenceLocked(req.fence()));
-  return CreateLocked(info, req.resource(), req.object());
+void ObjectStore::CreateAsync(const v1::CreateRequest& req, ObjectCallback done) {
+  absl::StatusOr<ObjectPtr> result = [&]() -> absl::StatusOr<ObjectPtr> {
+    absl::MutexLock l(&mu_);
+    ASSIGN_OR_RETURN(ResourceInfo info, registry_.Resolve(req.resource()));
+    if (!req.object().metadata().resource_version().empty()) {
+      return absl::InvalidArgumentError(
+          "metadata.resourceVersion: Invalid value: must be empty when creating an object");
+    }
+    return CreateLocked(info, req.resource(), req.object(), req.fence(), /*keep_status=*/false);
+  }();
+  int64_t wait = result.ok() ? RevisionOf(*result) : 0;
+  CompleteWhenDurable(wait, [done = std::move(done), result = std::move(result)]() mutable {
+    done(std::move(result));
+  });
 }
 
 absl::StatusOr<ObjectPtr> ObjectStore::CreateLocked(const ResourceInfo& info,
                                                     const v1::GroupVersionResource& gvr,
-                                                    v1::Object object) {
+                                                    v1::Object object, const v1::Fence& fence,
+                                                    bool keep_status) {
   RETURN_IF_ERROR(ValidateObject(info, object));
   v1::ObjectMeta& m = *object.mutable_metadata();
   if (m.has_deletion_timestamp()) {
@@ -392,29 +582,43 @@ absl::StatusOr<ObjectPtr> ObjectStore::CreateLocked(const ResourceInfo& info,
         TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(options_.clock->Now()));
   }
   if (!keep_identity || m.generation() == 0) m.set_generation(1);
+  // As Kubernetes does: with a status subresource, a create sets no status (shard role).
+  if (!keep_status && !keep_identity && info.status_subresource) object.clear_status();
   m.set_resource_version(absl::StrCat(revision_ + 1));
   Normalize(&object);
   RETURN_IF_ERROR(CheckSize(object, options_.max_object_bytes));
+  RETURN_IF_ERROR(CheckFenceLocked(fence));
   auto stored = std::make_shared<const v1::Object>(std::move(object));
   CommitLocked(info.group_resource, v1::WatchEvent::ADDED, stored, nullptr);
   if (is_definition) OnDefinitionChangedLocked(nullptr, stored);
   return stored;
 }
 
-absl::StatusOr<ObjectPtr> ObjectStore::Update(const v1::UpdateRequest& req) {
-  return UpdateImpl(req, UpdateKind::kUpdate);
+void ObjectStore::UpdateAsync(const v1::UpdateRequest& req, ObjectCallback done) {
+  UpdateAsyncImpl(req, UpdateKind::kUpdate, std::move(done));
 }
 
-absl::StatusOr<ObjectPtr> ObjectStore::UpdateStatus(const v1::UpdateRequest& req) {
-  return UpdateImpl(req, UpdateKind::kStatus);
+void ObjectStore::UpdateStatusAsync(const v1::UpdateRequest& req, ObjectCallback done) {
+  UpdateAsyncImpl(req, UpdateKind::kStatus, std::move(done));
 }
 
-absl::StatusOr<ObjectPtr> ObjectStore::Upsert(const v1::UpdateRequest& req) {
-  return UpdateImpl(req, UpdateKind::kUpsert);
+void ObjectStore::UpsertAsync(const v1::UpdateRequest& req, ObjectCallback done) {
+  UpdateAsyncImpl(req, UpdateKind::kUpsert, std::move(done));
 }
 
-absl::StatusOr<ObjectPtr> ObjectStore::UpdateImpl(const v1::UpdateRequest& req, UpdateKind kind) {
-  absl::MutexLock l(&mu_);
+void ObjectStore::UpdateAsyncImpl(const v1::UpdateRequest& req, UpdateKind kind,
+                                  ObjectCallback done) {
+  absl::StatusOr<ObjectPtr> result = [&] {
+    absl::MutexLock l(&mu_);
+    return UpdateLocked(req, kind);
+  }();
+  int64_t wait = result.ok() ? RevisionOf(*result) : 0;
+  CompleteWhenDurable(wait, [done = std::move(done), result = std::move(result)]() mutable {
+    done(std::move(result));
+  });
+}
+
+absl::StatusOr<ObjectPtr> ObjectStore::UpdateLocked(const v1::UpdateRequest& req, UpdateKind kind) {
   ASSIGN_OR_RETURN(ResourceInfo info, registry_.Resolve(req.resource()));
   const v1::GroupVersionResource& gvr = req.resource();
   if (kind == UpdateKind::kStatus && options_.role == Role::kShard && !info.status_subresource) {
@@ -428,7 +632,6 @@ absl::StatusOr<ObjectPtr> ObjectStore::UpdateImpl(const v1::UpdateRequest& req, 
     ASSIGN_OR_RETURN(expected_rv, ParseRevision("metadata.resourceVersion", in.resource_version()));
   }
   RETURN_IF_ERROR(ValidateObject(info, req.object()));
-  RETURN_IF_ERROR(CheckFenceLocked(req.fence()));
   std::string key = ObjectKey(in);
   ObjectPtr cur = CurrentLocked(info.group_resource, key);
   if (cur == nullptr) {
@@ -437,7 +640,7 @@ absl::StatusOr<ObjectPtr> ObjectStore::UpdateImpl(const v1::UpdateRequest& req, 
     }
     v1::Object object = req.object();
     object.mutable_metadata()->clear_resource_version();
-    return CreateLocked(info, gvr, std::move(object));
+    return CreateLocked(info, gvr, std::move(object), req.fence(), /*keep_status=*/true);
   }
   const v1::ObjectMeta& cm = cur->metadata();
   if (expected_rv != 0 && absl::StrCat(expected_rv) != cm.resource_version()) {
@@ -490,13 +693,17 @@ absl::StatusOr<ObjectPtr> ObjectStore::UpdateImpl(const v1::UpdateRequest& req, 
   }
   next.mutable_metadata()->set_resource_version(cm.resource_version());
   Normalize(&next);
-  if (MessageDifferencer::Equals(next, *cur)) return cur;  // no change: no new revision
+  if (MessageDifferencer::Equals(next, *cur)) {
+    RETURN_IF_ERROR(CheckFenceLocked(req.fence()));
+    return cur;  // no change: no new revision
+  }
 
   bool is_definition =
       info.group_resource == absl::StrCat(kDefinitionGroup, "/", kDefinitionResource);
   if (is_definition) RETURN_IF_ERROR(ResourceRegistry::ParseDefinition(next, cur.get()).status());
   next.mutable_metadata()->set_resource_version(absl::StrCat(revision_ + 1));
   RETURN_IF_ERROR(CheckSize(next, options_.max_object_bytes));
+  RETURN_IF_ERROR(CheckFenceLocked(req.fence()));
   bool finalized =
       next.metadata().has_deletion_timestamp() && next.metadata().finalizers_size() == 0;
   auto stored = std::make_shared<const v1::Object>(std::move(next));
@@ -506,8 +713,18 @@ absl::StatusOr<ObjectPtr> ObjectStore::UpdateImpl(const v1::UpdateRequest& req, 
   return stored;
 }
 
-absl::StatusOr<ObjectStore::DeleteResult> ObjectStore::Delete(const v1::DeleteRequest& req) {
-  absl::MutexLock l(&mu_);
+void ObjectStore::DeleteAsync(const v1::DeleteRequest& req, DeleteCallback done) {
+  absl::StatusOr<DeleteResult> result = [&] {
+    absl::MutexLock l(&mu_);
+    return DeleteLocked(req);
+  }();
+  int64_t wait = result.ok() ? RevisionOf(result->object) : 0;
+  CompleteWhenDurable(wait, [done = std::move(done), result = std::move(result)]() mutable {
+    done(std::move(result));
+  });
+}
+
+absl::StatusOr<ObjectStore::DeleteResult> ObjectStore::DeleteLocked(const v1::DeleteRequest& req) {
   ASSIGN_OR_RETURN(ResourceInfo info, registry_.Resolve(req.resource()));
   const v1::GroupVersionResource& gvr = req.resource();
   RETURN_IF_ERROR(ValidateKey(info, "", req.shard(), req.cluster(), req.namespace_(), req.name()));
@@ -516,7 +733,6 @@ absl::StatusOr<ObjectStore::DeleteResult> ObjectStore::Delete(const v1::DeleteRe
     ASSIGN_OR_RETURN(expected_rv, ParseRevision("preconditions.resourceVersion",
                                                 req.preconditions().resource_version()));
   }
-  RETURN_IF_ERROR(CheckFenceLocked(req.fence()));
   ObjectPtr cur = CurrentLocked(
       info.group_resource, ObjectKey(req.shard(), req.cluster(), req.namespace_(), req.name()));
   if (cur == nullptr) {
@@ -534,6 +750,7 @@ absl::StatusOr<ObjectStore::DeleteResult> ObjectStore::Delete(const v1::DeleteRe
                     absl::StrCat("precondition uid ", req.preconditions().uid(),
                                  " is not the current one (", cm.uid(), ")"));
   }
+  RETURN_IF_ERROR(CheckFenceLocked(req.fence()));
   if (cm.finalizers_size() > 0 && cm.has_deletion_timestamp()) {
     return DeleteResult{cur, false};  // already being deleted
   }
@@ -566,11 +783,11 @@ void ObjectStore::OnDefinitionChangedLocked(const ObjectPtr& before, const Objec
     if (!old_info.ok()) return;
     registry_.RemoveDefinition(old_info->group_resource);
     PurgeResourceLocked(old_info->group_resource);
-    watch_cache_->PublishResourceGone(
-        old_info->group_resource, "",
+    pending_.push_back(PendingItem{
+        nullptr, old_info->group_resource, "", revision_,
         absl::NotFoundError(absl::StrCat("the resource ", before->metadata().name(),
                                          " is no longer served: its ResourceDefinition was "
-                                         "deleted")));
+                                         "deleted"))});
     return;
   }
   absl::StatusOr<ResourceInfo> new_info = ResourceRegistry::ParseDefinition(*after, nullptr);
@@ -580,10 +797,10 @@ void ObjectStore::OnDefinitionChangedLocked(const ObjectPtr& before, const Objec
   for (const std::string& v : old_info->versions) {
     if (std::find(new_info->versions.begin(), new_info->versions.end(), v) ==
         new_info->versions.end()) {
-      watch_cache_->PublishResourceGone(
-          new_info->group_resource, v,
+      pending_.push_back(PendingItem{
+          nullptr, new_info->group_resource, v, revision_,
           absl::NotFoundError(absl::StrCat("version ", v, " of ", after->metadata().name(),
-                                           " is no longer served")));
+                                           " is no longer served"))});
     }
   }
 }
@@ -621,31 +838,33 @@ absl::Status ObjectStore::StartWatch(const v1::WatchRequest& req, Watcher* watch
           "too old resource version: ", from, " (the oldest revision a watch can start from is ",
           compacted_revision_, "); list again and watch from the list's resourceVersion"));
     }
-    if (from > revision_) {
+    if (from > durable_revision_) {
       return absl::OutOfRangeError(absl::StrCat("too large resource version: ", from,
-                                                " (the store is at revision ", revision_,
+                                                " (the store is at revision ", durable_revision_,
                                                 "); list again"));
     }
     auto first = std::upper_bound(history_.begin(), history_.end(), from,
                                   [](int64_t rev, const EventPtr& e) { return rev < e->revision; });
-    for (auto it = first; it != history_.end(); ++it) {
+    for (auto it = first; it != history_.end() && (*it)->revision <= durable_revision_; ++it) {
       const Event& e = **it;
       if (e.group_resource != info.group_resource) continue;
       v1::WatchEvent::Type type = EffectiveType(e, filter);
-      if (type != v1::WatchEvent::TYPE_UNSPECIFIED) initial.emplace_back(type, e.object);
+      if (type != v1::WatchEvent::TYPE_UNSPECIFIED) {
+        initial.emplace_back(type, EffectiveObject(e, type));
+      }
     }
   } else {
     if (auto r = resources_.find(info.group_resource); r != resources_.end()) {
       std::string prefix = KeyPrefix(filter);
       for (auto it = r->second.keys.lower_bound(prefix); it != r->second.keys.end(); ++it) {
         if (it->first.compare(0, prefix.size(), prefix) != 0) break;
-        const ObjectPtr& obj = it->second.back().object;
+        const ObjectPtr& obj = VersionAt(it->second, durable_revision_);
         if (obj != nullptr && filter.Matches(*obj))
           initial.emplace_back(v1::WatchEvent::ADDED, obj);
       }
     }
     auto bookmark = std::make_shared<v1::Object>();
-    bookmark->mutable_metadata()->set_resource_version(absl::StrCat(revision_));
+    bookmark->mutable_metadata()->set_resource_version(absl::StrCat(durable_revision_));
     (*bookmark->mutable_metadata()->mutable_annotations())[kInitialEventsEndAnnotation] = "true";
     initial.emplace_back(v1::WatchEvent::BOOKMARK, std::move(bookmark));
   }
@@ -653,7 +872,7 @@ absl::Status ObjectStore::StartWatch(const v1::WatchRequest& req, Watcher* watch
   spec.group_resource = info.group_resource;
   spec.version = req.resource().version();
   spec.filter = std::move(filter);
-  spec.start_revision = revision_;
+  spec.start_revision = durable_revision_;
   watcher->Init(std::move(spec), std::move(initial));
   return watch_cache_->Register(watcher);
 }

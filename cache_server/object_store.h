@@ -1,4 +1,5 @@
-// ObjectStore: the in-memory, multi-version object store behind the Store service.
+// ObjectStore: the multi-version object store behind the Store service. It serves every read and
+// watch from memory and makes each write durable through a Storage before acknowledging it.
 //
 // What it guarantees:
 // - One revision counter, starting at 1 and raised by every successful write; an object's
@@ -10,20 +11,30 @@
 // - Every version of every object since the oldest event of the history window is kept
 //   (multi-version, as etcd does), so that a paginated List stays a consistent snapshot at its
 //   first page's revision, and a Watch can start from any revision inside the window. Older
-//   versions are compacted away as events leave the window (by count).
-// - Each committed change is published to the WatchCache in revision order, under the same lock
-//   that orders the writes; a watcher is registered under that lock with its starting snapshot.
+//   versions are compacted away as events leave the window (by count and by age).
+// - Durability with group commit: a write is applied in memory under the store's lock (so later
+//   writes see it), then its completion waits for the committer thread, which writes everything
+//   that arrived since its last sync as one Storage batch. Only then is the write acknowledged,
+//   its event published to the WatchCache (in revision order), and its revision made visible to
+//   readers: Get, List and Watch read at the durable revision, so nobody sees a change that a
+//   crash could take back. A failed Storage write stops the process (memory is ahead of disk).
+// - A watcher is registered under the store's lock with its starting snapshot at the durable
+//   revision, so that no event falls between the two.
 // - Shard role: deleting a ResourceDefinition deletes every object of its resource (one DELETED
 //   event each) and then ends the resource's watches with NOT_FOUND.
 //
 // Thread-safety: every method is thread-safe. Writes are serialized by one lock; reads share it.
+// Completion callbacks run on the committer thread, or inline in the caller when the result does
+// not wait for a sync (errors, and results that are already durable); they must not block.
 #ifndef SHARDCACHE_CACHE_SERVER_OBJECT_STORE_H_
 #define SHARDCACHE_CACHE_SERVER_OBJECT_STORE_H_
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -31,6 +42,7 @@
 #include "absl/synchronization/mutex.h"
 #include "cache_server/object_filter.h"
 #include "cache_server/resource_registry.h"
+#include "cache_server/storage.h"
 #include "cache_server/store_metrics.h"
 #include "cache_server/watch_cache.h"
 #include "common/clock.h"
@@ -48,8 +60,12 @@ class ObjectStore {
     // How many events the history window keeps; a watch or a continued list from a revision
     // older than the window fails with OUT_OF_RANGE.
     int64_t history_events = 10000;
-    // Source of creation and deletion timestamps. Not owned; must outlive the store.
+    // Events older than this leave the window too (zero: no age limit).
+    absl::Duration history_age = absl::ZeroDuration();
+    // Source of timestamps and of the history's age. Not owned; must outlive the store.
     Clock* clock = RealClock::Get();
+    // Where writes are made durable; null keeps everything in memory only. Not owned.
+    Storage* storage = nullptr;
   };
 
   struct DeleteResult {
@@ -57,14 +73,31 @@ class ObjectStore {
     bool deleted = false;
   };
 
-  // `watch_cache` and `metrics` are not owned and must outlive the store.
-  ObjectStore(Options options, WatchCache* watch_cache, StoreMetrics* metrics);
+  using ObjectCallback = std::function<void(absl::StatusOr<ObjectPtr>)>;
+  using DeleteCallback = std::function<void(absl::StatusOr<DeleteResult>)>;
+
+  // `watch_cache` and `metrics` are not owned and must outlive the store. `state` is what the
+  // storage loaded (a new store's default state when there is no storage).
+  ObjectStore(Options options, WatchCache* watch_cache, StoreMetrics* metrics,
+              PersistedState state = PersistedState());
+  // Makes every pending write durable, completes it, and stops the committer.
+  ~ObjectStore();
   ObjectStore(const ObjectStore&) = delete;
   ObjectStore& operator=(const ObjectStore&) = delete;
 
-  // Each returns the object as stored, or an error as the Store service documents.
+  // Reads, at the durable revision. Errors as the Store service documents.
   absl::StatusOr<ObjectPtr> Get(const v1::GetRequest& request) const;
   absl::StatusOr<v1::ListResponse> List(const v1::ListRequest& request) const;
+
+  // Writes. `done` receives the object as stored (or an error as the Store service documents)
+  // once the write is durable; it is called exactly once.
+  void CreateAsync(const v1::CreateRequest& request, ObjectCallback done);
+  void UpdateAsync(const v1::UpdateRequest& request, ObjectCallback done);
+  void UpdateStatusAsync(const v1::UpdateRequest& request, ObjectCallback done);
+  void UpsertAsync(const v1::UpdateRequest& request, ObjectCallback done);
+  void DeleteAsync(const v1::DeleteRequest& request, DeleteCallback done);
+
+  // The same writes, blocking until durable (for tests and tools; never on a gRPC thread).
   absl::StatusOr<ObjectPtr> Create(const v1::CreateRequest& request);
   absl::StatusOr<ObjectPtr> Update(const v1::UpdateRequest& request);
   absl::StatusOr<ObjectPtr> UpdateStatus(const v1::UpdateRequest& request);
@@ -75,6 +108,7 @@ class ObjectStore {
   // (Watcher::Init) and registers it with the WatchCache, all under the store's lock.
   absl::Status StartWatch(const v1::WatchRequest& request, Watcher* watcher);
 
+  // The durable revision: every write up to it is acknowledged or about to be.
   int64_t revision() const;
 
  private:
@@ -87,17 +121,45 @@ class ObjectStore {
   struct ResourceData {
     std::map<std::string, std::vector<Version>> keys;
   };
+  // An event, or a marker that ends the watches of a resource, waiting for the committer.
+  struct PendingItem {
+    EventPtr event;
+    std::string gone_resource;
+    std::string gone_version;
+    int64_t gone_revision = 0;
+    absl::Status gone_status;
+  };
+  struct Waiter {
+    int64_t revision;
+    std::function<void()> complete;
+  };
 
-  absl::StatusOr<ObjectPtr> UpdateImpl(const v1::UpdateRequest& request, UpdateKind kind);
-  absl::StatusOr<ObjectPtr> CreateLocked(const ResourceInfo& info,
-                                         const v1::GroupVersionResource& gvr, v1::Object object)
+  absl::StatusOr<ObjectPtr> UpdateLocked(const v1::UpdateRequest& request, UpdateKind kind)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<DeleteResult> DeleteLocked(const v1::DeleteRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateAsyncImpl(const v1::UpdateRequest& request, UpdateKind kind, ObjectCallback done);
+  // Completes `complete` once revision `revision` is durable: at once if it is already (or if
+  // `revision` is 0), else from the committer.
+  void CompleteWhenDurable(int64_t revision, std::function<void()> complete);
+  void RecoverLocked(PersistedState state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RunCommitter();
+  // Creates `object`; `keep_status` keeps a status even where status is a subresource (upsert).
+  absl::StatusOr<ObjectPtr> CreateLocked(const ResourceInfo& info,
+                                         const v1::GroupVersionResource& gvr, v1::Object object,
+                                         const v1::Fence& fence, bool keep_status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks a write's fence and records a higher epoch. Called last, just before a write
+  // commits, so that a write that fails for any other reason claims nothing.
   absl::Status CheckFenceLocked(const v1::Fence& fence) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The live object at `key`, or null.
+  // The live object at `key` including writes not yet durable, or null.
   ObjectPtr CurrentLocked(const std::string& group_resource, const std::string& key) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Records a change at revision revision_+1 and publishes its event. `object` must carry that
-  // revision as its resourceVersion; for DELETED it is the object's last state.
+  // The object at `key` as of the durable revision, or null.
+  ObjectPtr DurableLocked(const std::string& group_resource, const std::string& key) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Records a change at revision revision_+1 and queues its event for the committer. `object`
+  // must carry that revision as its resourceVersion; for DELETED it is the object's last state.
   void CommitLocked(const std::string& group_resource, v1::WatchEvent::Type type, ObjectPtr object,
                     ObjectPtr prev) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompactLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -112,7 +174,14 @@ class ObjectStore {
   StoreMetrics* const metrics_;
 
   mutable absl::Mutex mu_;
+  // The last revision given to a write.
   int64_t revision_ ABSL_GUARDED_BY(mu_) = 1;
+  // The last revision made durable; readers read at it.
+  int64_t durable_revision_ ABSL_GUARDED_BY(mu_) = 1;
+  std::vector<PendingItem> pending_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> pending_epochs_ ABSL_GUARDED_BY(mu_);
+  std::deque<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Events with a revision at or below this have left the history window.
   int64_t compacted_revision_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t live_objects_ ABSL_GUARDED_BY(mu_) = 0;
@@ -120,6 +189,8 @@ class ObjectStore {
   absl::flat_hash_map<std::string, ResourceData> resources_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> epochs_ ABSL_GUARDED_BY(mu_);
   ResourceRegistry registry_ ABSL_GUARDED_BY(mu_);
+
+  std::thread committer_;
 };
 
 // The annotation that marks the bookmark at the end of a watch's initial events.

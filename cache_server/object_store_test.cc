@@ -66,9 +66,9 @@ class RecordingWatcher : public Watcher {
     for (auto& [type, obj] : initial) events_.push_back(Describe(type, *obj));
   }
   const WatchSpec& spec() const override { return spec_; }
-  void Deliver(v1::WatchEvent::Type type, const ObjectPtr& object) override {
+  void Deliver(const Delivery& d) override {
     absl::MutexLock l(&mu_);
-    events_.push_back(Describe(type, *object));
+    events_.push_back(Describe(d.type, *d.object));
   }
   void Bookmark(int64_t) override {}
   void End(const absl::Status& status) override {

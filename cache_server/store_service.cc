@@ -1,5 +1,7 @@
 #include "cache_server/store_service.h"
 
+#include <grpcpp/impl/codegen/proto_utils.h>
+
 #include <deque>
 
 #include "absl/time/clock.h"
@@ -9,28 +11,34 @@
 namespace shardcache {
 namespace {
 
-// Answers that may wait to be sent before a Write stream stops reading.
-constexpr size_t kMaxQueuedAnswers = 256;
+// Writes of one Write stream that may be outstanding (applied or answered but not yet sent)
+// before the stream stops reading.
+constexpr size_t kMaxOutstandingWrites = 256;
 
 std::string CodeName(const absl::Status& s) { return absl::StatusCodeToString(s.code()); }
 
 // Finishes a unary call with `status` and records its metrics.
-grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, StoreMetrics* metrics,
-                                 const char* method, absl::Time start, const absl::Status& status) {
+void Finish(grpc::ServerUnaryReactor* reactor, StoreMetrics* metrics, const char* method,
+            absl::Time start, const absl::Status& status) {
   metrics->ObserveRequest(method, CodeName(status), absl::ToDoubleSeconds(absl::Now() - start));
-  auto* reactor = ctx->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
-  return reactor;
 }
 
-// Copies a store result into a unary response and returns its status.
-absl::Status Fill(const absl::StatusOr<ObjectPtr>& result, v1::Object* resp) {
-  if (result.ok()) *resp = **result;
-  return result.status();
+// A store callback that fills `resp` and finishes the unary call through `reactor`.
+// (CallbackServerContext::DefaultReactor constructs the reactor anew on each call: take it once.)
+ObjectStore::ObjectCallback FinishWithObject(grpc::ServerUnaryReactor* reactor,
+                                             StoreMetrics* metrics, const char* method,
+                                             v1::Object* resp) {
+  return [reactor, metrics, method, resp, start = absl::Now()](absl::StatusOr<ObjectPtr> result) {
+    if (result.ok()) *resp = **result;
+    Finish(reactor, metrics, method, start, result.status());
+  };
 }
 
-// The server side of one Write stream: reads a write, applies it, queues its answer; at most one
-// read and one write in flight; reading pauses while kMaxQueuedAnswers answers wait.
+// The server side of one Write stream: reads a write, hands it to the store, and sends the
+// answers in the order of the writes as they complete. At most one read and one write in flight;
+// reading pauses while kMaxOutstandingWrites writes are outstanding. Finish is called only when
+// no store callback is outstanding, so the reactor outlives every callback that refers to it.
 class WriteStreamReactor : public grpc::ServerBidiReactor<v1::WriteRequest, v1::WriteResponse> {
  public:
   explicit WriteStreamReactor(StoreService* service) : service_(service) { StartRead(&request_); }
@@ -42,28 +50,33 @@ class WriteStreamReactor : public grpc::ServerBidiReactor<v1::WriteRequest, v1::
       MaybeWriteOrFinishLocked();
       return;
     }
-    v1::WriteResponse answer = service_->Apply(request_);
+    Slot* slot;
+    {
+      absl::MutexLock l(&mu_);
+      slots_.emplace_back();
+      slot = &slots_.back();  // deque: stays valid while later slots are added
+      ++in_store_;
+    }
+    service_->Apply(request_, [this, slot](v1::WriteResponse answer) {
+      absl::MutexLock l(&mu_);
+      slot->answer = std::move(answer);
+      slot->ready = true;
+      --in_store_;
+      MaybeWriteOrFinishLocked();
+    });
     absl::MutexLock l(&mu_);
-    answers_.push_back(std::move(answer));
-    if (answers_.size() < kMaxQueuedAnswers) {
+    if (slots_.size() < kMaxOutstandingWrites && !cancelled_) {
       StartRead(&request_);
     } else {
       read_paused_ = true;
     }
-    MaybeWriteOrFinishLocked();
   }
 
   void OnWriteDone(bool ok) override {
     absl::MutexLock l(&mu_);
     writing_ = false;
-    if (!ok) {
-      if (!finished_) {
-        finished_ = true;
-        Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the stream broke"));
-      }
-      return;
-    }
-    if (read_paused_ && answers_.size() < kMaxQueuedAnswers / 2) {
+    if (!ok) cancelled_ = true;
+    if (read_paused_ && !cancelled_ && slots_.size() < kMaxOutstandingWrites / 2) {
       read_paused_ = false;
       StartRead(&request_);
     }
@@ -73,39 +86,43 @@ class WriteStreamReactor : public grpc::ServerBidiReactor<v1::WriteRequest, v1::
   void OnCancel() override {
     absl::MutexLock l(&mu_);
     cancelled_ = true;
-    if (!writing_ && !finished_) {
-      finished_ = true;
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled"));
-    }
+    MaybeWriteOrFinishLocked();
   }
 
   void OnDone() override { delete this; }
 
  private:
+  struct Slot {
+    bool ready = false;
+    v1::WriteResponse answer;
+  };
+
   void MaybeWriteOrFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (writing_ || finished_) return;
     if (cancelled_) {
+      if (in_store_ > 0) return;  // finish once the last callback is in
       finished_ = true;
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled"));
       return;
     }
-    if (!answers_.empty()) {
-      out_ = std::move(answers_.front());
-      answers_.pop_front();
+    if (!slots_.empty() && slots_.front().ready) {
+      out_ = std::move(slots_.front().answer);
+      slots_.pop_front();
       writing_ = true;
       StartWrite(&out_);
       return;
     }
-    if (reads_done_) {
+    if (reads_done_ && slots_.empty()) {
       finished_ = true;
       Finish(grpc::Status::OK);
     }
   }
 
   StoreService* const service_;
-  v1::WriteRequest request_;  // only touched between StartRead and OnReadDone
+  v1::WriteRequest request_;  // only touched between StartRead and the end of OnReadDone
   absl::Mutex mu_;
-  std::deque<v1::WriteResponse> answers_ ABSL_GUARDED_BY(mu_);
+  std::deque<Slot> slots_ ABSL_GUARDED_BY(mu_);
+  int in_store_ ABSL_GUARDED_BY(mu_) = 0;
   v1::WriteResponse out_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
@@ -123,7 +140,11 @@ StoreService::StoreService(Options options, ObjectStore* store, WatchCache* watc
 grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* ctx,
                                             const v1::GetRequest* req, v1::Object* resp) {
   absl::Time start = absl::Now();
-  return Finish(ctx, metrics_, "Get", start, Fill(store_->Get(*req), resp));
+  auto result = store_->Get(*req);
+  if (result.ok()) *resp = **result;
+  auto* reactor = ctx->DefaultReactor();
+  Finish(reactor, metrics_, "Get", start, result.status());
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* StoreService::List(grpc::CallbackServerContext* ctx,
@@ -131,13 +152,22 @@ grpc::ServerUnaryReactor* StoreService::List(grpc::CallbackServerContext* ctx,
   absl::Time start = absl::Now();
   auto result = store_->List(*req);
   if (result.ok()) resp->Swap(&*result);
-  return Finish(ctx, metrics_, "List", start, result.status());
+  auto* reactor = ctx->DefaultReactor();
+  Finish(reactor, metrics_, "List", start, result.status());
+  return reactor;
 }
 
-grpc::ServerWriteReactor<v1::WatchEvent>* StoreService::Watch(grpc::CallbackServerContext*,
-                                                              const v1::WatchRequest* req) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* StoreService::Watch(grpc::CallbackServerContext*,
+                                                                const grpc::ByteBuffer* raw) {
   auto* reactor = new WatchReactor(watch_cache_, metrics_, options_.watch_queue_events);
-  absl::Status started = store_->StartWatch(*req, reactor);
+  v1::WatchRequest req;
+  grpc::ByteBuffer copy(*raw);
+  if (!grpc::SerializationTraits<v1::WatchRequest>::Deserialize(&copy, &req).ok()) {
+    reactor->Reject(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 "the request is not a shardcache.v1.WatchRequest"));
+    return reactor;
+  }
+  absl::Status started = store_->StartWatch(req, reactor);
   if (!started.ok()) {
     reactor->Reject(ToGrpcStatus(started));
     return reactor;
@@ -148,33 +178,39 @@ grpc::ServerWriteReactor<v1::WatchEvent>* StoreService::Watch(grpc::CallbackServ
 
 grpc::ServerUnaryReactor* StoreService::Create(grpc::CallbackServerContext* ctx,
                                                const v1::CreateRequest* req, v1::Object* resp) {
-  absl::Time start = absl::Now();
-  return Finish(ctx, metrics_, "Create", start, Fill(store_->Create(*req), resp));
+  auto* reactor = ctx->DefaultReactor();
+  store_->CreateAsync(*req, FinishWithObject(reactor, metrics_, "Create", resp));
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* StoreService::Update(grpc::CallbackServerContext* ctx,
                                                const v1::UpdateRequest* req, v1::Object* resp) {
-  absl::Time start = absl::Now();
-  return Finish(ctx, metrics_, "Update", start, Fill(store_->Update(*req), resp));
+  auto* reactor = ctx->DefaultReactor();
+  store_->UpdateAsync(*req, FinishWithObject(reactor, metrics_, "Update", resp));
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* StoreService::UpdateStatus(grpc::CallbackServerContext* ctx,
                                                      const v1::UpdateRequest* req,
                                                      v1::Object* resp) {
-  absl::Time start = absl::Now();
-  return Finish(ctx, metrics_, "UpdateStatus", start, Fill(store_->UpdateStatus(*req), resp));
+  auto* reactor = ctx->DefaultReactor();
+  store_->UpdateStatusAsync(*req, FinishWithObject(reactor, metrics_, "UpdateStatus", resp));
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* StoreService::Delete(grpc::CallbackServerContext* ctx,
                                                const v1::DeleteRequest* req,
                                                v1::DeleteResponse* resp) {
-  absl::Time start = absl::Now();
-  auto result = store_->Delete(*req);
-  if (result.ok()) {
-    *resp->mutable_object() = *result->object;
-    resp->set_deleted(result->deleted);
-  }
-  return Finish(ctx, metrics_, "Delete", start, result.status());
+  auto* reactor = ctx->DefaultReactor();
+  store_->DeleteAsync(*req, [reactor, metrics = metrics_, resp,
+                             start = absl::Now()](absl::StatusOr<ObjectStore::DeleteResult> r) {
+    if (r.ok()) {
+      *resp->mutable_object() = *r->object;
+      resp->set_deleted(r->deleted);
+    }
+    Finish(reactor, metrics, "Delete", start, r.status());
+  });
+  return reactor;
 }
 
 grpc::ServerBidiReactor<v1::WriteRequest, v1::WriteResponse>* StoreService::Write(
@@ -182,52 +218,60 @@ grpc::ServerBidiReactor<v1::WriteRequest, v1::WriteResponse>* StoreService::Writ
   return new WriteStreamReactor(this);
 }
 
-v1::WriteResponse StoreService::Apply(const v1::WriteRequest& req) {
-  absl::Time start = absl::Now();
-  v1::WriteResponse answer;
-  answer.set_id(req.id());
-  absl::Status status;
-  const char* method = "Write";
-  auto object_result = [&](const absl::StatusOr<ObjectPtr>& r) {
-    status = r.status();
-    if (r.ok()) *answer.mutable_object() = **r;
+void StoreService::Apply(const v1::WriteRequest& req, std::function<void(v1::WriteResponse)> done) {
+  struct Answer {
+    int64_t id;
+    const char* method;
+    absl::Time start;
+    StoreMetrics* metrics;
+    std::function<void(v1::WriteResponse)> done;
+    void operator()(const absl::Status& status, const ObjectPtr& object, bool deleted) const {
+      v1::WriteResponse answer;
+      answer.set_id(id);
+      answer.set_code(static_cast<int>(status.code()));
+      answer.set_message(std::string(status.message()));
+      if (object != nullptr) *answer.mutable_object() = *object;
+      answer.set_deleted(deleted);
+      metrics->ObserveRequest(method, CodeName(status), absl::ToDoubleSeconds(absl::Now() - start));
+      done(std::move(answer));
+    }
+  };
+  Answer answer{req.id(), "Write", absl::Now(), metrics_, std::move(done)};
+  auto on_object = [](Answer a) {
+    return [a = std::move(a)](absl::StatusOr<ObjectPtr> r) {
+      a(r.status(), r.ok() ? *r : nullptr, false);
+    };
   };
   switch (req.operation_case()) {
     case v1::WriteRequest::kCreate:
-      method = "Write.create";
-      object_result(store_->Create(req.create()));
-      break;
+      answer.method = "Write.create";
+      store_->CreateAsync(req.create(), on_object(std::move(answer)));
+      return;
     case v1::WriteRequest::kUpdate:
-      method = "Write.update";
-      object_result(store_->Update(req.update()));
-      break;
+      answer.method = "Write.update";
+      store_->UpdateAsync(req.update(), on_object(std::move(answer)));
+      return;
     case v1::WriteRequest::kUpdateStatus:
-      method = "Write.update_status";
-      object_result(store_->UpdateStatus(req.update_status()));
-      break;
+      answer.method = "Write.update_status";
+      store_->UpdateStatusAsync(req.update_status(), on_object(std::move(answer)));
+      return;
     case v1::WriteRequest::kUpsert:
-      method = "Write.upsert";
-      object_result(store_->Upsert(req.upsert()));
-      break;
-    case v1::WriteRequest::kDelete: {
-      method = "Write.delete";
-      auto r = store_->Delete(req.delete_());
-      status = r.status();
-      if (r.ok()) {
-        *answer.mutable_object() = *r->object;
-        answer.set_deleted(r->deleted);
-      }
-      break;
-    }
+      answer.method = "Write.upsert";
+      store_->UpsertAsync(req.upsert(), on_object(std::move(answer)));
+      return;
+    case v1::WriteRequest::kDelete:
+      answer.method = "Write.delete";
+      store_->DeleteAsync(req.delete_(),
+                          [a = std::move(answer)](absl::StatusOr<ObjectStore::DeleteResult> r) {
+                            a(r.status(), r.ok() ? r->object : nullptr, r.ok() && r->deleted);
+                          });
+      return;
     case v1::WriteRequest::OPERATION_NOT_SET:
-      status = absl::InvalidArgumentError(
-          "operation: Required value: one of create, update, update_status, delete, upsert");
-      break;
+      answer(absl::InvalidArgumentError(
+                 "operation: Required value: one of create, update, update_status, delete, upsert"),
+             nullptr, false);
+      return;
   }
-  answer.set_code(static_cast<int>(status.code()));
-  answer.set_message(std::string(status.message()));
-  metrics_->ObserveRequest(method, CodeName(status), absl::ToDoubleSeconds(absl::Now() - start));
-  return answer;
 }
 
 }  // namespace shardcache

@@ -1,9 +1,11 @@
 // StoreService: the shardcache.v1.Store gRPC service (callback API) over an ObjectStore.
 //
-// Unary methods run the store operation inline and finish through the default reactor. Watch
-// returns a WatchReactor; Write returns a WriteStreamReactor that applies each write in order and
-// answers each, pausing reads while too many answers wait to be sent. Errors are converted from
-// absl::Status to grpc::Status here, and only here.
+// Unary reads run inline; unary writes finish through the default reactor once the store reports
+// them durable (from the store's committer thread), so no gRPC thread waits for a disk sync.
+// Watch returns a WatchReactor; Write returns a WriteStreamReactor that applies each write in
+// order and sends the answers in that order as they become durable, pausing reads while too many
+// writes are outstanding. Errors are converted from absl::Status to grpc::Status here, and only
+// here.
 //
 // Thread-safety: gRPC calls the methods from its own threads, concurrently.
 #ifndef SHARDCACHE_CACHE_SERVER_STORE_SERVICE_H_
@@ -18,7 +20,10 @@
 
 namespace shardcache {
 
-class StoreService final : public v1::Store::CallbackService {
+// Watch is a raw method (ByteBuffer in and out) so that events are serialized once for all
+// watchers; every other method is typed.
+class StoreService final
+    : public v1::Store::WithRawCallbackMethod_Watch<v1::Store::CallbackService> {
  public:
   struct Options {
     // Live events that may wait for a slow watcher before it is ended (RESOURCE_EXHAUSTED).
@@ -32,8 +37,8 @@ class StoreService final : public v1::Store::CallbackService {
                                 v1::Object* resp) override;
   grpc::ServerUnaryReactor* List(grpc::CallbackServerContext* ctx, const v1::ListRequest* req,
                                  v1::ListResponse* resp) override;
-  grpc::ServerWriteReactor<v1::WatchEvent>* Watch(grpc::CallbackServerContext* ctx,
-                                                  const v1::WatchRequest* req) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Watch(grpc::CallbackServerContext* ctx,
+                                                    const grpc::ByteBuffer* req) override;
   grpc::ServerUnaryReactor* Create(grpc::CallbackServerContext* ctx, const v1::CreateRequest* req,
                                    v1::Object* resp) override;
   grpc::ServerUnaryReactor* Update(grpc::CallbackServerContext* ctx, const v1::UpdateRequest* req,
@@ -45,8 +50,9 @@ class StoreService final : public v1::Store::CallbackService {
   grpc::ServerBidiReactor<v1::WriteRequest, v1::WriteResponse>* Write(
       grpc::CallbackServerContext* ctx) override;
 
-  // Applies one write of a Write stream and returns its answer.
-  v1::WriteResponse Apply(const v1::WriteRequest& req);
+  // Applies one write of a Write stream; `done` receives its answer once it is durable (or
+  // failed), possibly before Apply returns.
+  void Apply(const v1::WriteRequest& req, std::function<void(v1::WriteResponse)> done);
 
  private:
   const Options options_;

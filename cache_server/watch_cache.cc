@@ -1,8 +1,28 @@
 #include "cache_server/watch_cache.h"
 
+#include <grpcpp/impl/codegen/proto_utils.h>
+
 #include <algorithm>
+#include <optional>
 
 namespace shardcache {
+
+grpc::ByteBuffer EncodeWatchEvent(v1::WatchEvent::Type type, const v1::Object& object) {
+  v1::WatchEvent event;
+  event.set_type(type);
+  *event.mutable_object() = object;
+  grpc::ByteBuffer buffer;
+  bool own = false;
+  (void)grpc::SerializationTraits<v1::WatchEvent>::Serialize(event, &buffer, &own);
+  return buffer;
+}
+
+ObjectPtr EffectiveObject(const Event& e, v1::WatchEvent::Type type) {
+  if (type != v1::WatchEvent::DELETED || e.type != v1::WatchEvent::MODIFIED) return e.object;
+  auto last = std::make_shared<v1::Object>(*e.prev);
+  last->mutable_metadata()->set_resource_version(e.object->metadata().resource_version());
+  return last;
+}
 
 v1::WatchEvent::Type EffectiveType(const Event& e, const ObjectFilter& filter) {
   bool now = filter.Matches(*e.object);
@@ -35,13 +55,17 @@ WatchCache::~WatchCache() {
 
 void WatchCache::Publish(std::vector<EventPtr> events) {
   absl::MutexLock l(&queue_mu_);
-  for (auto& e : events) queue_.push_back(Item{std::move(e), {}, {}, absl::OkStatus()});
+  auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_) {
+    return stopping_ || queue_.size() < kMaxQueuedEvents;
+  };
+  queue_mu_.Await(absl::Condition(&room));
+  for (auto& e : events) queue_.push_back(Item{std::move(e), {}, {}, 0, absl::OkStatus()});
 }
 
 void WatchCache::PublishResourceGone(const std::string& group_resource, const std::string& version,
-                                     absl::Status status) {
+                                     int64_t revision, absl::Status status) {
   absl::MutexLock l(&queue_mu_);
-  queue_.push_back(Item{nullptr, group_resource, version, std::move(status)});
+  queue_.push_back(Item{nullptr, group_resource, version, revision, std::move(status)});
 }
 
 absl::Status WatchCache::Register(Watcher* watcher) {
@@ -106,7 +130,8 @@ void WatchCache::Dispatch(const Item& item) {
     auto it = watchers_.find(item.gone_resource);
     if (it == watchers_.end()) return;
     for (Watcher* w : it->second) {
-      if (item.gone_version.empty() || w->spec().version == item.gone_version) {
+      if ((item.gone_version.empty() || w->spec().version == item.gone_version) &&
+          w->spec().start_revision < item.gone_revision) {
         w->End(item.gone_status);
       }
     }
@@ -116,12 +141,19 @@ void WatchCache::Dispatch(const Item& item) {
   dispatched_revision_ = std::max(dispatched_revision_, e.revision);
   auto it = watchers_.find(e.group_resource);
   if (it == watchers_.end()) return;
+  // Encoded at most once per type, for all the watchers that see the event that way.
+  std::optional<Delivery> deliveries[4];
   for (Watcher* w : it->second) {
     const WatchSpec& spec = w->spec();
     if (e.revision <= spec.start_revision) continue;
     v1::WatchEvent::Type type = EffectiveType(e, spec.filter);
     if (type == v1::WatchEvent::TYPE_UNSPECIFIED) continue;
-    w->Deliver(type, e.object);
+    std::optional<Delivery>& d = deliveries[type];
+    if (!d.has_value()) {
+      ObjectPtr object = EffectiveObject(e, type);
+      d = Delivery{type, object, EncodeWatchEvent(type, *object)};
+    }
+    w->Deliver(*d);
     metrics_->events_dispatched.Increment();
   }
 }

@@ -16,6 +16,8 @@
 #ifndef SHARDCACHE_CACHE_SERVER_WATCH_CACHE_H_
 #define SHARDCACHE_CACHE_SERVER_WATCH_CACHE_H_
 
+#include <grpcpp/support/byte_buffer.h>
+
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -40,6 +42,7 @@ struct Event {
   std::string group_resource;
   ObjectPtr object;  // the object after the change; for DELETED its last state
   ObjectPtr prev;    // the object before the change; null for ADDED
+  absl::Time time;   // when it was committed (for the history window's age limit)
 };
 using EventPtr = std::shared_ptr<const Event>;
 
@@ -52,6 +55,17 @@ struct WatchSpec {
   int64_t start_revision = 0;
 };
 
+// One event as a watcher receives it: its type for that watcher, the object, and the WatchEvent
+// message already serialized (once per event and type, shared by every watcher that gets it).
+struct Delivery {
+  v1::WatchEvent::Type type;
+  ObjectPtr object;
+  grpc::ByteBuffer encoded;
+};
+
+// Serializes a WatchEvent of `type` carrying `object`.
+grpc::ByteBuffer EncodeWatchEvent(v1::WatchEvent::Type type, const v1::Object& object);
+
 // The receiving end of a watch, implemented by the Watch RPC's reactor (and by tests).
 class Watcher {
  public:
@@ -63,7 +77,7 @@ class Watcher {
                     std::vector<std::pair<v1::WatchEvent::Type, ObjectPtr>> initial) = 0;
   virtual const WatchSpec& spec() const = 0;
   // An event for this watcher, with its type as the watcher sees it.
-  virtual void Deliver(v1::WatchEvent::Type type, const ObjectPtr& object) = 0;
+  virtual void Deliver(const Delivery& delivery) = 0;
   // Every event up to `revision` has been delivered.
   virtual void Bookmark(int64_t revision) = 0;
   // The watch is over with this status; nothing is delivered after it.
@@ -73,6 +87,10 @@ class Watcher {
 // The type of `event` as a watcher with `filter` sees it (an update that crosses the filter
 // becomes ADDED or DELETED), or TYPE_UNSPECIFIED when the watcher must not see it.
 v1::WatchEvent::Type EffectiveType(const Event& event, const ObjectFilter& filter);
+// The object a watcher receives for `event` seen as `type`: the object after the change, except
+// for an update that made it stop matching, which is seen (as Kubernetes does) as the DELETED of
+// its previous state at the event's revision.
+ObjectPtr EffectiveObject(const Event& event, v1::WatchEvent::Type type);
 
 class WatchCache {
  public:
@@ -87,12 +105,16 @@ class WatchCache {
   WatchCache(const WatchCache&) = delete;
   WatchCache& operator=(const WatchCache&) = delete;
 
-  // Queues committed events for dispatch. REQUIRES: called in revision order.
+  // Queues committed events for dispatch. REQUIRES: called in revision order, from one thread.
+  // Blocks while kMaxQueuedEvents wait for the dispatcher: the publisher (the store's committer)
+  // then slows the writers down instead of letting the backlog grow without bound.
   void Publish(std::vector<EventPtr> events);
   // After the events published so far, ends the watchers of `group_resource` (only those of
-  // `version`, when it is not empty) with `status`.
+  // `version`, when it is not empty) that started before `revision`, with `status`.
   void PublishResourceGone(const std::string& group_resource, const std::string& version,
-                           absl::Status status);
+                           int64_t revision, absl::Status status);
+
+  static constexpr size_t kMaxQueuedEvents = 100000;
 
   // Adds a watcher. REQUIRES: the caller holds the store's lock, so that no event with a revision
   // above watcher->spec().start_revision has been published yet. Fails with UNAVAILABLE once
@@ -113,6 +135,7 @@ class WatchCache {
     EventPtr event;             // set for an event
     std::string gone_resource;  // set for a resource-gone marker
     std::string gone_version;
+    int64_t gone_revision = 0;
     absl::Status gone_status;
   };
 

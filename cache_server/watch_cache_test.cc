@@ -16,8 +16,9 @@ class FakeWatcher : public Watcher {
   explicit FakeWatcher(WatchSpec spec) : spec_(std::move(spec)) {}
   void Init(WatchSpec, std::vector<std::pair<v1::WatchEvent::Type, ObjectPtr>>) override {}
   const WatchSpec& spec() const override { return spec_; }
-  void Deliver(v1::WatchEvent::Type type, const ObjectPtr& o) override {
-    Record(absl::StrCat(v1::WatchEvent::Type_Name(type), " ", o->metadata().name()));
+  void Deliver(const Delivery& d) override {
+    Record(absl::StrCat(v1::WatchEvent::Type_Name(d.type), " ", d.object->metadata().name(), " ",
+                        d.object->metadata().labels().at("app")));
   }
   void Bookmark(int64_t revision) override { Record(absl::StrCat("BOOKMARK ", revision)); }
   void End(const absl::Status& s) override {
@@ -78,7 +79,7 @@ TEST_F(WatchCacheTest, Dispatch_SkipsEventsAtOrBeforeStart) {
   ASSERT_TRUE(cache.Register(&w).ok());
   cache.Publish({MakeEvent(5, v1::WatchEvent::ADDED, "old", "web"),
                  MakeEvent(6, v1::WatchEvent::ADDED, "new", "web")});
-  EXPECT_THAT(w.WaitFor(1), ElementsAre("ADDED new"));
+  EXPECT_THAT(w.WaitFor(1), ElementsAre("ADDED new web"));
   cache.Unregister(&w);
 }
 
@@ -91,7 +92,9 @@ TEST_F(WatchCacheTest, Dispatch_FilterCrossingChangesType) {
                  MakeEvent(4, v1::WatchEvent::MODIFIED, "a", "db", "web"),
                  MakeEvent(5, v1::WatchEvent::MODIFIED, "a", "db", "db"),
                  MakeEvent(6, v1::WatchEvent::ADDED, "b", "web")});
-  EXPECT_THAT(w.WaitFor(4), ElementsAre("ADDED a", "MODIFIED a", "DELETED a", "ADDED b"));
+  // The DELETED of an object that stopped matching carries its last matching state.
+  EXPECT_THAT(w.WaitFor(4),
+              ElementsAre("ADDED a web", "MODIFIED a web", "DELETED a web", "ADDED b web"));
   cache.Unregister(&w);
 }
 
@@ -104,8 +107,8 @@ TEST_F(WatchCacheTest, ResourceGone_EndsAfterEarlierEvents) {
   ASSERT_TRUE(cache.Register(&w1).ok());
   ASSERT_TRUE(cache.Register(&w2).ok());
   cache.Publish({MakeEvent(2, v1::WatchEvent::DELETED, "a", "web")});
-  cache.PublishResourceGone("example.com/widgets", "", absl::NotFoundError("gone"));
-  EXPECT_THAT(w1.WaitFor(2), ElementsAre("DELETED a", "END NOT_FOUND"));
+  cache.PublishResourceGone("example.com/widgets", "", 2, absl::NotFoundError("gone"));
+  EXPECT_THAT(w1.WaitFor(2), ElementsAre("DELETED a web", "END NOT_FOUND"));
   EXPECT_EQ(cache.watcher_count(), 2u);
   cache.Unregister(&w1);
   cache.Unregister(&w2);
@@ -136,6 +139,20 @@ TEST_F(WatchCacheTest, Shutdown_EndsWatchersAndRefusesNew) {
   FakeWatcher late(Spec(0));
   EXPECT_EQ(cache.Register(&late).code(), absl::StatusCode::kUnavailable);
   cache.Unregister(&w);
+}
+
+TEST_F(WatchCacheTest, ResourceGone_SparesWatchersThatStartedAfterIt) {
+  WatchCache cache({absl::Seconds(60)}, &metrics_);
+  FakeWatcher old_watcher(Spec(1));
+  FakeWatcher new_watcher(Spec(5));  // registered after the resource came back at revision 5
+  ASSERT_TRUE(cache.Register(&old_watcher).ok());
+  ASSERT_TRUE(cache.Register(&new_watcher).ok());
+  cache.PublishResourceGone("example.com/widgets", "", 4, absl::NotFoundError("gone"));
+  cache.Publish({MakeEvent(6, v1::WatchEvent::ADDED, "a", "web")});
+  EXPECT_THAT(old_watcher.WaitFor(1), ElementsAre("END NOT_FOUND"));
+  EXPECT_THAT(new_watcher.WaitFor(1), ElementsAre("ADDED a web"));
+  cache.Unregister(&old_watcher);
+  cache.Unregister(&new_watcher);
 }
 
 }  // namespace

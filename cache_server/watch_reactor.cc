@@ -27,13 +27,14 @@ void WatchReactor::Reject(const grpc::Status& status) {
   Act(a);
 }
 
-void WatchReactor::Init(WatchSpec spec, std::vector<Item> initial) {
+void WatchReactor::Init(WatchSpec spec,
+                        std::vector<std::pair<v1::WatchEvent::Type, ObjectPtr>> initial) {
   spec_ = std::move(spec);
   absl::MutexLock l(&mu_);
-  initial_.assign(std::make_move_iterator(initial.begin()), std::make_move_iterator(initial.end()));
+  for (auto& [type, object] : initial) initial_.push_back(Item{type, std::move(object), {}});
 }
 
-void WatchReactor::Deliver(v1::WatchEvent::Type type, const ObjectPtr& object) {
+void WatchReactor::Deliver(const Delivery& delivery) {
   Action a;
   {
     absl::MutexLock l(&mu_);
@@ -48,7 +49,7 @@ void WatchReactor::Deliver(v1::WatchEvent::Type type, const ObjectPtr& object) {
                                     " events were waiting to be sent; watch again from the last "
                                     "resourceVersion received, or list again")));
     } else {
-      live_.emplace_back(type, object);
+      live_.push_back(Item{delivery.type, delivery.object, delivery.encoded});
     }
     a = NextLocked();
   }
@@ -63,7 +64,7 @@ void WatchReactor::Bookmark(int64_t revision) {
     if (finish_requested_ || !live_.empty() || !initial_.empty()) return;
     auto bookmark = std::make_shared<v1::Object>();
     bookmark->mutable_metadata()->set_resource_version(absl::StrCat(revision));
-    live_.emplace_back(v1::WatchEvent::BOOKMARK, std::move(bookmark));
+    live_.push_back(Item{v1::WatchEvent::BOOKMARK, std::move(bookmark), {}});
     a = NextLocked();
   }
   Act(a);
@@ -135,9 +136,8 @@ WatchReactor::Action WatchReactor::NextLocked() {
     finished_ = true;
     return Action::kFinish;
   }
-  out_.Clear();
-  out_.set_type(q->front().first);
-  *out_.mutable_object() = *q->front().second;
+  Item& next = q->front();
+  out_ = next.encoded.has_value() ? *next.encoded : EncodeWatchEvent(next.type, *next.object);
   q->pop_front();
   writing_ = true;
   return Action::kWrite;

@@ -1,5 +1,8 @@
 // WatchReactor: the server side of one Watch stream (gRPC callback API).
 //
+// The stream is registered as a raw (ByteBuffer) method, so that each event is serialized once by
+// the WatchCache and the same bytes are sent to every watcher that receives it.
+//
 // Modelled on gRPC's own health-watch reactor: at most one write in flight; events wait in a
 // queue under the reactor's lock; Finish is called exactly once, after the queue has drained (or
 // at once for a watcher that fell behind). The initial events (snapshot or history) are sent
@@ -15,6 +18,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <deque>
+#include <optional>
 
 #include "absl/synchronization/mutex.h"
 #include "cache_server/store_metrics.h"
@@ -23,7 +27,7 @@
 
 namespace shardcache {
 
-class WatchReactor : public grpc::ServerWriteReactor<v1::WatchEvent>, public Watcher {
+class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>, public Watcher {
  public:
   WatchReactor(WatchCache* cache, StoreMetrics* metrics, size_t max_pending);
 
@@ -36,7 +40,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::WatchEvent>, public Wat
   void Init(WatchSpec spec,
             std::vector<std::pair<v1::WatchEvent::Type, ObjectPtr>> initial) override;
   const WatchSpec& spec() const override { return spec_; }
-  void Deliver(v1::WatchEvent::Type type, const ObjectPtr& object) override;
+  void Deliver(const Delivery& delivery) override;
   void Bookmark(int64_t revision) override;
   void End(const absl::Status& status) override;
 
@@ -46,7 +50,13 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::WatchEvent>, public Wat
   void OnDone() override;
 
  private:
-  using Item = std::pair<v1::WatchEvent::Type, ObjectPtr>;
+  // An event to send: already encoded (live events), or encoded when its turn comes (initial
+  // events and bookmarks).
+  struct Item {
+    v1::WatchEvent::Type type;
+    ObjectPtr object;
+    std::optional<grpc::ByteBuffer> encoded;
+  };
   enum class Action { kNone, kWrite, kFinish };
 
   void RequestFinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -68,7 +78,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::WatchEvent>, public Wat
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
   // The message being written; only touched while writing_ is false or by the writer.
-  v1::WatchEvent out_;
+  grpc::ByteBuffer out_;
 };
 
 }  // namespace shardcache

@@ -1,6 +1,7 @@
 #include "common/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -33,6 +34,12 @@ absl::StatusOr<int> HttpServer::Start(const std::string& address) {
   auto host_port = SplitHostPort("--http-listen", address);
   if (!host_port.ok()) return host_port.status();
   server_ = std::make_unique<httplib::Server>();
+  // SO_REUSEADDR only: without SO_REUSEPORT (httplib's default sets it) a second process cannot
+  // bind a port this one serves.
+  server_->set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   server_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     prometheus::TextSerializer serializer;
     res.set_content(serializer.Serialize(registry_->Collect()), "text/plain; version=0.0.4");

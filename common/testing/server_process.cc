@@ -46,6 +46,12 @@ absl::Status ServerProcess::Start(absl::Duration timeout) {
   unlink(port_file.c_str());
   std::vector<std::string> argv = {binary_, "--listen=127.0.0.1:" + std::to_string(grpc_port_),
                                    "--http-listen=127.0.0.1:0", "--port-file=" + port_file};
+  bool has_data_dir = false;
+  for (const auto& a : args_)
+    has_data_dir |= a.rfind("--data-dir", 0) == 0 || a.rfind("--data_dir", 0) == 0;
+  if (!has_data_dir && binary_.find("cache_server") != std::string::npos) {
+    argv.push_back("--data-dir=" + data_dir());
+  }
   argv.insert(argv.end(), args_.begin(), args_.end());
   std::string log_path = dir_ + "/stderr.log";
   pid_t pid = fork();

@@ -1,5 +1,6 @@
 // ServerProcess: runs a real shardcache binary for a test, on loopback ports that the binary
-// picks itself (--listen=127.0.0.1:0 --http-listen=127.0.0.1:0) and reports through --port-file.
+// picks itself (--listen=127.0.0.1:0 --http-listen=127.0.0.1:0) and reports through --port-file,
+// with its data in the test's own temporary directory.
 //
 // The process's stderr goes to a log file in the test's temporary directory; when a test fails
 // the log's tail is printed. The destructor stops the process (SIGTERM, then SIGKILL after a
@@ -48,6 +49,9 @@ class ServerProcess {
   int http_port() const { return http_port_; }
   std::string grpc_address() const { return "127.0.0.1:" + std::to_string(grpc_port_); }
   pid_t pid() const { return pid_; }
+  // The data directory a cache_server uses unless `args` name one: kept across Stop and Start,
+  // so that a restarted server finds its data.
+  std::string data_dir() const { return dir_ + "/data"; }
   // Everything the process has written to stderr so far.
   std::string Log() const;
 

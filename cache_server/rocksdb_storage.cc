@@ -1,0 +1,230 @@
+#include "cache_server/rocksdb_storage.h"
+
+#include <dirent.h>
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/write_batch.h>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "cache_server/object_filter.h"
+#include "shardcache/storage/v1/storage.pb.h"
+
+namespace shardcache {
+namespace {
+
+constexpr char kFormat[] = "shardcache-store/1";
+constexpr char kFormatKey[] = "m/format";
+constexpr char kRevisionKey[] = "m/revision";
+constexpr char kCompactedKey[] = "m/compacted";
+constexpr char kObjectPrefix[] = "o/";
+constexpr char kEventPrefix[] = "e/";
+constexpr char kEpochPrefix[] = "f/";
+
+std::string EventKey(int64_t revision) {
+  std::string key = kEventPrefix;
+  for (int shift = 56; shift >= 0; shift -= 8) {
+    key.push_back(static_cast<char>((static_cast<uint64_t>(revision) >> shift) & 0xff));
+  }
+  return key;
+}
+
+std::string ObjectStorageKey(const std::string& group_resource, const v1::ObjectMeta& m) {
+  return absl::StrCat(kObjectPrefix, group_resource, std::string(1, '\0'), ObjectKey(m));
+}
+
+bool DirectoryIsEmptyOrAbsent(const std::string& dir) {
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return true;
+  bool empty = true;
+  while (dirent* e = readdir(d)) {
+    std::string name = e->d_name;
+    if (name != "." && name != "..") {
+      empty = false;
+      break;
+    }
+  }
+  closedir(d);
+  return empty;
+}
+
+absl::Status FromRocks(const rocksdb::Status& s, const std::string& what) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(what, ": ", s.ToString()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RocksDbStorage>> RocksDbStorage::Open(Options options) {
+  bool fresh = DirectoryIsEmptyOrAbsent(options.data_dir);
+  rocksdb::Options db_options;
+  db_options.create_if_missing = fresh;
+  db_options.error_if_exists = false;
+  db_options.paranoid_checks = true;
+  db_options.wal_recovery_mode = rocksdb::WALRecoveryMode::kPointInTimeRecovery;
+  db_options.IncreaseParallelism(2);
+  db_options.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
+  db_options.keep_log_file_num = 2;
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(db_options, options.data_dir, &raw);
+  if (!s.ok()) {
+    if (s.IsIOError() && s.ToString().find("lock") != std::string::npos) {
+      return absl::UnavailableError(absl::StrCat("data directory ", options.data_dir,
+                                                 " is in use by another process: ", s.ToString()));
+    }
+    return absl::DataLossError(absl::StrCat(
+        "data directory ", options.data_dir, " cannot be opened: ", s.ToString(),
+        fresh ? "" : " (it is damaged or not a shardcache store; move it aside to start empty)"));
+  }
+  std::unique_ptr<rocksdb::DB> db(raw);
+  if (fresh) {
+    rocksdb::WriteBatch batch;
+    batch.Put(kFormatKey, kFormat);
+    batch.Put(kRevisionKey, "1");
+    batch.Put(kCompactedKey, "1");
+    rocksdb::WriteOptions wo;
+    wo.sync = true;
+    s = db->Write(wo, &batch);
+    if (!s.ok()) return FromRocks(s, absl::StrCat("initializing ", options.data_dir));
+  }
+  return std::unique_ptr<RocksDbStorage>(new RocksDbStorage(std::move(options), std::move(db)));
+}
+
+RocksDbStorage::RocksDbStorage(Options options, std::unique_ptr<rocksdb::DB> db)
+    : options_(std::move(options)), db_(std::move(db)) {}
+
+RocksDbStorage::~RocksDbStorage() {
+  if (db_ != nullptr) (void)db_->Close();
+}
+
+absl::Status RocksDbStorage::Damaged(const std::string& what) const {
+  return absl::DataLossError(absl::StrCat("data directory ", options_.data_dir,
+                                          " is damaged: ", what,
+                                          "; move it aside to start empty, or restore a backup"));
+}
+
+absl::StatusOr<PersistedState> RocksDbStorage::Load() {
+  rocksdb::ReadOptions ro;
+  ro.verify_checksums = true;
+  ro.fill_cache = false;
+  std::string value;
+  rocksdb::Status s = db_->Get(ro, kFormatKey, &value);
+  if (s.IsNotFound())
+    return Damaged("the format marker m/format is missing (not a shardcache store?)");
+  if (!s.ok()) return Damaged(s.ToString());
+  if (value != kFormat) {
+    return Damaged(absl::StrCat("unknown format \"", value, "\" (want ", kFormat, ")"));
+  }
+  PersistedState state;
+  for (auto [key, out] : {std::pair<const char*, int64_t*>{kRevisionKey, &state.revision},
+                          {kCompactedKey, &state.compacted_revision}}) {
+    s = db_->Get(ro, key, &value);
+    if (!s.ok() || !absl::SimpleAtoi(value, out) || *out < 1) {
+      return Damaged(absl::StrCat(key, " is missing or malformed",
+                                  s.ok() ? "" : absl::StrCat(" (", s.ToString(), ")")));
+    }
+  }
+  if (state.compacted_revision > state.revision) {
+    return Damaged("the compacted revision is above the revision");
+  }
+  compacted_revision_ = state.compacted_revision;
+
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro));
+  for (it->Seek(kObjectPrefix); it->Valid() && it->key().starts_with(kObjectPrefix); it->Next()) {
+    rocksdb::Slice key = it->key();
+    key.remove_prefix(sizeof(kObjectPrefix) - 1);
+    std::string k = key.ToString();
+    size_t nul = k.find('\0');
+    auto obj = std::make_shared<v1::Object>();
+    int64_t rv = 0;
+    if (nul == std::string::npos || !obj->ParseFromArray(it->value().data(), it->value().size()) ||
+        !absl::SimpleAtoi(obj->metadata().resource_version(), &rv) || rv > state.revision ||
+        k.substr(nul + 1) != ObjectKey(obj->metadata())) {
+      return Damaged(absl::StrCat("object record ", absl::CHexEscape(k), " is malformed"));
+    }
+    state.objects.emplace_back(k.substr(0, nul), std::move(obj));
+  }
+  if (!it->status().ok()) return Damaged(it->status().ToString());
+
+  int64_t expected = state.compacted_revision + 1;
+  for (it->Seek(kEventPrefix); it->Valid() && it->key().starts_with(kEventPrefix); it->Next()) {
+    storage::v1::StoredEvent stored;
+    if (!stored.ParseFromArray(it->value().data(), it->value().size()) ||
+        it->key().ToString() != EventKey(stored.revision())) {
+      return Damaged(
+          absl::StrCat("event record ", absl::CHexEscape(it->key().ToString()), " is malformed"));
+    }
+    if (stored.revision() != expected) {
+      return Damaged(absl::StrCat("the history has a gap: expected revision ", expected, ", found ",
+                                  stored.revision()));
+    }
+    ++expected;
+    auto e = std::make_shared<Event>();
+    e->revision = stored.revision();
+    e->type = static_cast<v1::WatchEvent::Type>(stored.type());
+    e->group_resource = stored.group_resource();
+    e->object = std::make_shared<const v1::Object>(std::move(*stored.mutable_object()));
+    if (stored.has_prev()) {
+      e->prev = std::make_shared<const v1::Object>(std::move(*stored.mutable_prev()));
+    }
+    e->time = absl::FromUnixNanos(stored.commit_time_unix_nanos());
+    state.history.push_back(std::move(e));
+  }
+  if (!it->status().ok()) return Damaged(it->status().ToString());
+  if (expected != state.revision + 1) {
+    return Damaged(absl::StrCat("the history ends at revision ", expected - 1,
+                                " but the store is at revision ", state.revision));
+  }
+
+  for (it->Seek(kEpochPrefix); it->Valid() && it->key().starts_with(kEpochPrefix); it->Next()) {
+    int64_t epoch = 0;
+    if (!absl::SimpleAtoi(it->value().ToString(), &epoch)) {
+      return Damaged(absl::StrCat("epoch record ", it->key().ToString(), " is malformed"));
+    }
+    state.epochs[it->key().ToString().substr(sizeof(kEpochPrefix) - 1)] = epoch;
+  }
+  if (!it->status().ok()) return Damaged(it->status().ToString());
+  return state;
+}
+
+absl::Status RocksDbStorage::Commit(const CommitBatch& batch) {
+  rocksdb::WriteBatch wb;
+  storage::v1::StoredEvent stored;
+  std::string buf;
+  for (const EventPtr& e : batch.events) {
+    std::string okey = ObjectStorageKey(e->group_resource, e->object->metadata());
+    if (e->type == v1::WatchEvent::DELETED) {
+      wb.Delete(okey);
+    } else {
+      e->object->SerializeToString(&buf);
+      wb.Put(okey, buf);
+    }
+    stored.Clear();
+    stored.set_revision(e->revision);
+    stored.set_type(e->type);
+    stored.set_group_resource(e->group_resource);
+    *stored.mutable_object() = *e->object;
+    if (e->prev != nullptr) *stored.mutable_prev() = *e->prev;
+    stored.set_commit_time_unix_nanos(absl::ToUnixNanos(e->time));
+    stored.SerializeToString(&buf);
+    wb.Put(EventKey(e->revision), buf);
+  }
+  // Drop the events that have left the window since the last commit.
+  for (int64_t rev = compacted_revision_ + 1; rev <= batch.compacted_revision; ++rev) {
+    wb.Delete(EventKey(rev));
+  }
+  for (const auto& [shard, epoch] : batch.epochs) {
+    wb.Put(absl::StrCat(kEpochPrefix, shard), absl::StrCat(epoch));
+  }
+  wb.Put(kRevisionKey, absl::StrCat(batch.revision));
+  wb.Put(kCompactedKey, absl::StrCat(batch.compacted_revision));
+  rocksdb::WriteOptions wo;
+  wo.sync = options_.sync;
+  absl::Status written = FromRocks(db_->Write(wo, &wb), "writing to the data directory");
+  if (written.ok()) compacted_revision_ = batch.compacted_revision;
+  return written;
+}
+
+}  // namespace shardcache

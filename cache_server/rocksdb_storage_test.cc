@@ -1,0 +1,107 @@
+#include "cache_server/rocksdb_storage.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "common/testing/server_process.h"
+#include "common/testing/status_matchers.h"
+
+namespace shardcache {
+namespace {
+
+using ::shardcache::testing::IsOk;
+using ::shardcache::testing::MakeTempDir;
+using ::shardcache::testing::StatusIs;
+using ::testing::HasSubstr;
+
+EventPtr MakeEvent(int64_t rev, v1::WatchEvent::Type type, const std::string& name,
+                   ObjectPtr prev = nullptr) {
+  auto o = std::make_shared<v1::Object>();
+  o->mutable_metadata()->set_name(name);
+  o->mutable_metadata()->set_resource_version(std::to_string(rev));
+  auto e = std::make_shared<Event>();
+  e->revision = rev;
+  e->type = type;
+  e->group_resource = "example.com/widgets";
+  e->object = o;
+  e->prev = std::move(prev);
+  e->time = absl::FromUnixSeconds(1000 + rev);
+  return e;
+}
+
+TEST(RocksDbStorageTest, NewDirectory_LoadsEmptyStoreAtRevisionOne) {
+  std::string dir = MakeTempDir("rocks") + "/data";
+  auto storage = RocksDbStorage::Open({dir, true});
+  ASSERT_THAT(storage, IsOk());
+  auto state = (*storage)->Load();
+  ASSERT_THAT(state, IsOk());
+  EXPECT_EQ(state->revision, 1);
+  EXPECT_EQ(state->compacted_revision, 1);
+  EXPECT_TRUE(state->objects.empty());
+  EXPECT_TRUE(state->history.empty());
+}
+
+TEST(RocksDbStorageTest, Commit_SurvivesReopen) {
+  std::string dir = MakeTempDir("rocks");
+  {
+    auto storage = RocksDbStorage::Open({dir, true});
+    ASSERT_THAT(storage, IsOk());
+    ASSERT_THAT((*storage)->Load(), IsOk());
+    EventPtr a = MakeEvent(2, v1::WatchEvent::ADDED, "a");
+    CommitBatch b1;
+    b1.events = {a, MakeEvent(3, v1::WatchEvent::ADDED, "b")};
+    b1.revision = 3;
+    b1.compacted_revision = 1;
+    b1.epochs["s1"] = 4;
+    ASSERT_THAT((*storage)->Commit(b1), IsOk());
+    CommitBatch b2;
+    b2.events = {MakeEvent(4, v1::WatchEvent::DELETED, "a", a->object)};
+    b2.revision = 4;
+    b2.compacted_revision = 2;  // event 2 leaves the window
+    ASSERT_THAT((*storage)->Commit(b2), IsOk());
+  }
+  auto storage = RocksDbStorage::Open({dir, true});
+  ASSERT_THAT(storage, IsOk());
+  auto state = (*storage)->Load();
+  ASSERT_THAT(state, IsOk());
+  EXPECT_EQ(state->revision, 4);
+  EXPECT_EQ(state->compacted_revision, 2);
+  ASSERT_EQ(state->objects.size(), 1u);
+  EXPECT_EQ(state->objects[0].second->metadata().name(), "b");
+  ASSERT_EQ(state->history.size(), 2u);
+  EXPECT_EQ(state->history[0]->revision, 3);
+  EXPECT_EQ(state->history[1]->type, v1::WatchEvent::DELETED);
+  ASSERT_NE(state->history[1]->prev, nullptr);
+  EXPECT_EQ(state->history[1]->prev->metadata().resource_version(), "2");
+  EXPECT_EQ(state->history[1]->time, absl::FromUnixSeconds(1004));
+  EXPECT_EQ(state->epochs.at("s1"), 4);
+}
+
+TEST(RocksDbStorageTest, SecondOpen_IsRefusedAsInUse) {
+  std::string dir = MakeTempDir("rocks");
+  auto first = RocksDbStorage::Open({dir, true});
+  ASSERT_THAT(first, IsOk());
+  EXPECT_THAT(RocksDbStorage::Open({dir, true}),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("in use")));
+}
+
+TEST(RocksDbStorageTest, ForeignDirectory_IsRefused) {
+  std::string dir = MakeTempDir("rocks");
+  std::ofstream(dir + "/notes.txt") << "not a store";
+  EXPECT_THAT(RocksDbStorage::Open({dir, true}),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("cannot be opened")));
+}
+
+TEST(RocksDbStorageTest, MissingCurrentFile_IsRefused) {
+  std::string dir = MakeTempDir("rocks");
+  { ASSERT_THAT(RocksDbStorage::Open({dir, true}), IsOk()); }
+  std::filesystem::remove(dir + "/CURRENT");
+  EXPECT_THAT(RocksDbStorage::Open({dir, true}),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr(dir)));
+}
+
+}  // namespace
+}  // namespace shardcache

@@ -1,0 +1,62 @@
+// Storage: where the ObjectStore makes its state durable. One interface, so that another backend
+// can be added; RocksDbStorage (rocksdb_storage.h) is the one the server uses.
+//
+// The ObjectStore serves every read and watch from memory; Storage is written on the commit path
+// and read once, at start-up.
+//
+// Thread-safety: Load is called once, before any Commit. Commit is called from one thread at a
+// time (the store's committer), in revision order.
+#ifndef SHARDCACHE_CACHE_SERVER_STORAGE_H_
+#define SHARDCACHE_CACHE_SERVER_STORAGE_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cache_server/watch_cache.h"
+
+namespace shardcache {
+
+// What Load returns: the state as of the last successful Commit.
+struct PersistedState {
+  // The store's revision (1 for a new store).
+  int64_t revision = 1;
+  // Events at or below this revision have left the history window.
+  int64_t compacted_revision = 1;
+  // Every live object, with its "group/resource".
+  std::vector<std::pair<std::string, ObjectPtr>> objects;
+  // The events of the history window, in revision order.
+  std::vector<EventPtr> history;
+  // The highest fencing epoch seen per shard.
+  std::map<std::string, int64_t> epochs;
+};
+
+// One atomic unit of durable change.
+struct CommitBatch {
+  // New events, in revision order (may be empty, e.g. when only an epoch changed).
+  std::vector<EventPtr> events;
+  // The store's revision after the batch.
+  int64_t revision = 1;
+  // Events at or below this revision are dropped from the history window.
+  int64_t compacted_revision = 1;
+  // Epochs that changed.
+  std::map<std::string, int64_t> epochs;
+};
+
+class Storage {
+ public:
+  virtual ~Storage() = default;
+  // Reads the whole state. Fails (never returns a partial state) when the data is damaged; the
+  // message names the problem.
+  virtual absl::StatusOr<PersistedState> Load() = 0;
+  // Applies `batch` atomically; when it returns OK the batch is durable (subject to the
+  // backend's sync setting).
+  virtual absl::Status Commit(const CommitBatch& batch) = 0;
+};
+
+}  // namespace shardcache
+
+#endif  // SHARDCACHE_CACHE_SERVER_STORAGE_H_
