@@ -1,0 +1,412 @@
+// Process-level tests of cache_server's life: health and readiness while serving (HTTP and the
+// standard grpc.health.v1.Health service), draining on SIGTERM with open streams, and refusing to
+// start, with a clear message, when its flags or its ports are wrong.
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <deque>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/testing/server_process.h"
+#include "integration_tests/store_fixture.h"
+
+namespace shardcache::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+constexpr absl::Duration kWait = absl::Seconds(10);
+
+::testing::AssertionResult Ok(const grpc::Status& s) {
+  if (s.ok()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << "gRPC status " << s.error_code() << ": " << s.error_message();
+}
+
+// A watch stream read by its own thread, so that the test can wait for its end with a timeout.
+class WatchStream {
+ public:
+  WatchStream(v1::Store::Stub* stub, const v1::WatchRequest& request) {
+    ctx_.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(90)));
+    reader_ = stub->Watch(&ctx_, request);
+    thread_ = std::thread([this] {
+      v1::WatchEvent e;
+      while (reader_->Read(&e)) {
+        absl::MutexLock l(&mu_);
+        events_.push_back(e);
+      }
+      grpc::Status s = reader_->Finish();
+      absl::MutexLock l(&mu_);
+      status_ = s;
+    });
+  }
+  ~WatchStream() {
+    ctx_.TryCancel();
+    thread_.join();
+  }
+
+  // Waits for the initial-events-end bookmark of a watch from now: the watch is registered.
+  bool WaitForInitialBookmark(absl::Duration timeout = kWait) {
+    absl::MutexLock l(&mu_);
+    auto seen = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      for (const auto& e : events_) {
+        if (e.type() == v1::WatchEvent::BOOKMARK) return true;
+      }
+      return status_.has_value();
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&seen), timeout);
+    for (const auto& e : events_) {
+      if (e.type() == v1::WatchEvent::BOOKMARK) return true;
+    }
+    return false;
+  }
+
+  // The stream's final status, waiting up to `timeout`; nullopt if still open.
+  std::optional<grpc::Status> WaitForEnd(absl::Duration timeout = kWait) {
+    absl::MutexLock l(&mu_);
+    auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return status_.has_value(); };
+    mu_.AwaitWithTimeout(absl::Condition(&ended), timeout);
+    return status_;
+  }
+
+ private:
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReader<v1::WatchEvent>> reader_;
+  absl::Mutex mu_;
+  std::deque<v1::WatchEvent> events_ ABSL_GUARDED_BY(mu_);
+  std::optional<grpc::Status> status_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+v1::WatchRequest WatchWidgets() {
+  v1::WatchRequest req;
+  *req.mutable_resource() = Gvr("example.com", "v1", "widgets");
+  return req;
+}
+
+v1::Object Widget(const std::string& name) {
+  return FromJson<v1::Object>(absl::StrCat(R"({"metadata":{"cluster":"root","namespace":"ns1",)",
+                                           R"("name":")", name, R"("},"spec":{"n":1}})"));
+}
+
+// Calls grpc.health.v1.Health/Check for `service` without generated code: HealthCheckRequest
+// is {1: service}, HealthCheckResponse is {1: status enum} (SERVING = 1).
+grpc::Status HealthCheck(const std::shared_ptr<grpc::Channel>& channel, const std::string& service,
+                         std::string* response_bytes) {
+  std::string request;
+  if (!service.empty()) {
+    request.push_back(0x0a);  // field 1, length-delimited
+    request.push_back(static_cast<char>(service.size()));
+    request += service;
+  }
+  grpc::Slice slice(request);
+  grpc::ByteBuffer request_buffer(&slice, 1);
+  grpc::ByteBuffer response_buffer;
+  grpc::GenericStub stub(channel);
+  auto ctx = Context();
+  absl::Notification done;
+  grpc::Status status;
+  stub.UnaryCall(ctx.get(), "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request_buffer,
+                 &response_buffer, [&](grpc::Status s) {
+                   status = std::move(s);
+                   done.Notify();
+                 });
+  if (!done.WaitForNotificationWithTimeout(absl::Seconds(15))) {
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "no answer from the health check");
+  }
+  response_bytes->clear();
+  if (status.ok()) {
+    std::vector<grpc::Slice> slices;
+    (void)response_buffer.Dump(&slices);
+    for (const auto& s : slices) {
+      response_bytes->append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+  }
+  return status;
+}
+
+bool IsExitCode(int wait_status, int code) {
+  return wait_status != -1 && WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == code;
+}
+
+std::string DescribeWaitStatus(int wait_status) {
+  if (wait_status == -1) return "still running (killed by the test)";
+  if (WIFEXITED(wait_status)) return absl::StrCat("exit code ", WEXITSTATUS(wait_status));
+  if (WIFSIGNALED(wait_status)) return absl::StrCat("killed by signal ", WTERMSIG(wait_status));
+  return absl::StrCat("wait status ", wait_status);
+}
+
+class ServerLifecycleTest : public StoreFixture {};
+
+// ---- health and readiness ----
+
+TEST_F(ServerLifecycleTest, Health_WhileServing_HttpAndGrpcReportServing) {
+  StartServer({});
+  EXPECT_THAT(HttpGet(server_->http_port(), "/healthz"), StartsWith("200\n"));
+  EXPECT_THAT(HttpGet(server_->http_port(), "/readyz"), StartsWith("200\n"));
+  EXPECT_THAT(HttpGet(server_->http_port(), "/metrics"), HasSubstr("shardcache_store_revision"));
+
+  std::string response;
+  ASSERT_TRUE(Ok(HealthCheck(channel_, "", &response)));
+  EXPECT_EQ(response, std::string("\x08\x01", 2)) << "want status SERVING (1)";
+  grpc::Status unknown = HealthCheck(channel_, "no.such.Service", &response);
+  EXPECT_EQ(unknown.error_code(), grpc::StatusCode::NOT_FOUND) << unknown.error_message();
+}
+
+// ---- SIGTERM ----
+
+TEST_F(ServerLifecycleTest, Sigterm_WithOpenWatchesAndWriteStream_DrainsAndExitsZero) {
+  const absl::Duration kDrain = absl::Seconds(3);
+  StartServer({"--drain-timeout=3s"});
+  std::vector<std::unique_ptr<WatchStream>> watches;
+  for (int i = 0; i < 3; ++i) {
+    watches.push_back(std::make_unique<WatchStream>(stub_.get(), WatchWidgets()));
+    ASSERT_TRUE(watches.back()->WaitForInitialBookmark());
+  }
+  // A Write stream with one answered write, left open (no WritesDone).
+  grpc::ClientContext write_ctx;
+  write_ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+  auto writes = stub_->Write(&write_ctx);
+  v1::WriteRequest w;
+  w.set_id(1);
+  *w.mutable_create()->mutable_resource() = Gvr("example.com", "v1", "widgets");
+  *w.mutable_create()->mutable_object() = Widget("w1");
+  ASSERT_TRUE(writes->Write(w));
+  v1::WriteResponse answer;
+  ASSERT_TRUE(writes->Read(&answer));
+  EXPECT_EQ(answer.code(), 0) << answer.message();
+
+  absl::Time sigterm = absl::Now();
+  server_->Signal(SIGTERM);
+
+  // While it drains it is not ready; its watches end at once with UNAVAILABLE.
+  int exit_status = -1;
+  bool exited = false;
+  std::string readyz;
+  absl::Time deadline = absl::Now() + kWait;
+  while (absl::Now() < deadline) {
+    readyz = HttpGet(server_->http_port(), "/readyz");
+    if (!absl::StartsWith(readyz, "200\n")) break;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  if (int s = server_->Wait(absl::ZeroDuration()); s != -1) {
+    exited = true;
+    exit_status = s;
+  }
+  if (!exited) {
+    EXPECT_THAT(readyz, StartsWith("503\n")) << "/readyz while draining";
+  }
+  for (auto& watch : watches) {
+    auto s = watch->WaitForEnd();
+    ASSERT_TRUE(s.has_value()) << "a watch stayed open after SIGTERM";
+    EXPECT_EQ(s->error_code(), grpc::StatusCode::UNAVAILABLE) << s->error_message();
+  }
+
+  if (!exited) exit_status = server_->Wait(kDrain + absl::Seconds(10));
+  absl::Duration took = absl::Now() - sigterm;
+  EXPECT_TRUE(IsExitCode(exit_status, 0)) << DescribeWaitStatus(exit_status);
+  EXPECT_LT(took, kDrain + absl::Seconds(2)) << "the drain took longer than --drain-timeout";
+
+  // The open Write stream was ended by the server, not left hanging.
+  EXPECT_FALSE(writes->Read(&answer));
+  grpc::Status finished = writes->Finish();
+  EXPECT_FALSE(finished.ok());
+}
+
+TEST_F(ServerLifecycleTest, Sigterm_WithOnlyWatchesOpen_ExitsWithoutWaitingForTheDrainTimeout) {
+  StartServer({"--drain-timeout=60s"});
+  std::vector<std::unique_ptr<WatchStream>> watches;
+  for (int i = 0; i < 5; ++i) {
+    watches.push_back(std::make_unique<WatchStream>(stub_.get(), WatchWidgets()));
+    ASSERT_TRUE(watches.back()->WaitForInitialBookmark());
+  }
+  absl::Time sigterm = absl::Now();
+  server_->Signal(SIGTERM);
+  int exit_status = server_->Wait(absl::Seconds(20));
+  EXPECT_TRUE(IsExitCode(exit_status, 0)) << DescribeWaitStatus(exit_status);
+  EXPECT_LT(absl::Now() - sigterm, absl::Seconds(10));
+  for (auto& watch : watches) {
+    auto s = watch->WaitForEnd();
+    ASSERT_TRUE(s.has_value());
+    EXPECT_EQ(s->error_code(), grpc::StatusCode::UNAVAILABLE) << s->error_message();
+  }
+}
+
+// ---- refusing to start ----
+
+struct RunResult {
+  int wait_status = -1;  // -1: it did not exit by itself
+  std::string stderr_text;
+  bool wrote_port_file = false;
+};
+
+// Runs cache_server with `args` (after --listen=127.0.0.1:0 --http-listen=127.0.0.1:0
+// --port-file=..., which they may override) until it exits, for at most `timeout`; a server
+// that starts instead is killed.
+RunResult RunCacheServer(const std::vector<std::string>& args,
+                         absl::Duration timeout = absl::Seconds(15)) {
+  std::string dir = MakeTempDir("refuse");
+  std::string port_file = dir + "/ports";
+  std::string log = dir + "/stderr.log";
+  std::vector<std::string> argv = {BinaryPath("cache_server/cache_server"), "--listen=127.0.0.1:0",
+                                   "--http-listen=127.0.0.1:0", "--port-file=" + port_file};
+  argv.insert(argv.end(), args.begin(), args.end());
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) dup2(fd, STDERR_FILENO);
+    std::vector<char*> cargv;
+    for (auto& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    execv(cargv[0], cargv.data());
+    _exit(127);
+  }
+  RunResult r;
+  absl::Time deadline = absl::Now() + timeout;
+  std::optional<absl::Time> started_at;
+  while (pid > 0) {
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      r.wait_status = status;
+      break;
+    }
+    struct stat st;
+    if (!started_at.has_value() && stat(port_file.c_str(), &st) == 0) started_at = absl::Now();
+    // It is serving: give it a moment to change its mind, then stop it.
+    if (absl::Now() >= deadline ||
+        (started_at.has_value() && absl::Now() - *started_at > absl::Seconds(1))) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  struct stat st;
+  r.wrote_port_file = stat(port_file.c_str(), &st) == 0;
+  std::ifstream in(log);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  r.stderr_text = ss.str();
+  return r;
+}
+
+// Checks that a run refused to start: non-zero exit, no port file, and a stderr line that starts
+// "cache_server: refusing to start:" and mentions `mentions`.
+void ExpectRefused(const RunResult& r, const std::string& mentions) {
+  EXPECT_NE(r.wait_status, -1) << "it did not exit by itself; stderr:\n" << r.stderr_text;
+  if (r.wait_status != -1) {
+    EXPECT_TRUE(WIFEXITED(r.wait_status) && WEXITSTATUS(r.wait_status) != 0)
+        << DescribeWaitStatus(r.wait_status) << "; stderr:\n"
+        << r.stderr_text;
+  }
+  EXPECT_FALSE(r.wrote_port_file) << "it reported ports as if serving";
+  bool found = false;
+  for (absl::string_view line : absl::StrSplit(r.stderr_text, '\n')) {
+    if (absl::StartsWith(line, "cache_server: refusing to start:")) {
+      found = true;
+      EXPECT_THAT(std::string(line), HasSubstr(mentions));
+    }
+  }
+  EXPECT_TRUE(found) << "no line starting \"cache_server: refusing to start:\" in stderr:\n"
+                     << r.stderr_text;
+}
+
+// A listening TCP socket on a free loopback port, without SO_REUSEPORT.
+class BusyPort {
+ public:
+  BusyPort() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = 0;
+    socklen_t len = sizeof(addr);
+    if (fd_ >= 0 && bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+        listen(fd_, 16) == 0 && getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+      port_ = ntohs(addr.sin_port);
+    }
+  }
+  ~BusyPort() {
+    if (fd_ >= 0) close(fd_);
+  }
+  int port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+TEST(RefuseToStartTest, BadRole) { ExpectRefused(RunCacheServer({"--role=primary"}), "--role"); }
+
+TEST(RefuseToStartTest, BadListenAddress) {
+  for (const char* listen : {"--listen=nonsense", "--listen=127.0.0.1:99999", "--listen=:7070",
+                             "--listen=127.0.0.1:http"}) {
+    SCOPED_TRACE(listen);
+    ExpectRefused(RunCacheServer({listen}), "--listen");
+  }
+  ExpectRefused(RunCacheServer({"--http-listen=localhost"}), "--http-listen");
+}
+
+TEST(RefuseToStartTest, ListenAddressNotLocal) {
+  // 192.0.2.1 (TEST-NET-1) is no address of this machine.
+  ExpectRefused(RunCacheServer({"--listen=192.0.2.1:0"}), "--listen");
+}
+
+TEST(RefuseToStartTest, GrpcPortInUse) {
+  BusyPort busy;
+  ASSERT_GT(busy.port(), 0);
+  ExpectRefused(RunCacheServer({absl::StrCat("--listen=127.0.0.1:", busy.port())}), "--listen");
+}
+
+TEST(RefuseToStartTest, HttpPortInUse) {
+  BusyPort busy;
+  ASSERT_GT(busy.port(), 0);
+  ExpectRefused(RunCacheServer({absl::StrCat("--http-listen=127.0.0.1:", busy.port())}),
+                "--http-listen");
+}
+
+// Another cache_server already serving on the port: a second one must not share it.
+TEST_F(ServerLifecycleTest, PortsOfARunningServer_SecondServerRefusesToStart) {
+  StartServer({});
+  {
+    SCOPED_TRACE("gRPC port");
+    ExpectRefused(RunCacheServer({absl::StrCat("--listen=127.0.0.1:", server_->grpc_port())}),
+                  "--listen");
+  }
+  {
+    SCOPED_TRACE("HTTP port");
+    ExpectRefused(RunCacheServer({absl::StrCat("--http-listen=127.0.0.1:", server_->http_port())}),
+                  "--http-listen");
+  }
+  // The first server is unharmed.
+  EXPECT_THAT(HttpGet(server_->http_port(), "/readyz"), StartsWith("200\n"));
+  EXPECT_TRUE(Ok(Create(Gvr("example.com", "v1", "widgets"), Widget("w1"))));
+}
+
+}  // namespace
+}  // namespace shardcache::testing
