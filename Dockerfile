@@ -1,0 +1,43 @@
+# shardcache images: a build stage that compiles the binaries with CMake, and a slim runtime
+# stage with only the shared libraries they need. Both start from Debian 12 (bookworm).
+#
+#   docker-compose up --build        # see docker-compose.yml
+#   docker build -t shardcache .     # the image alone; JOBS=N limits the build's parallelism
+
+FROM debian:bookworm-slim AS build
+ARG JOBS=
+WORKDIR /src
+# The build dependencies, from the same list that scripts/build.sh uses. Copied on its own so
+# that this layer is rebuilt only when the list changes.
+COPY scripts/deps.sh scripts/deps.sh
+RUN bash scripts/deps.sh && rm -rf /var/lib/apt/lists/*
+COPY . .
+# Builds only the server binaries (not the tests); shard_replicator once it exists.
+RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release \
+ && jobs="${JOBS:-$(nproc)}" \
+ && cmake --build build -j"$jobs" --target cache_server \
+ && mkdir -p /out && cp build/cache_server/cache_server /out/ \
+ && if cmake --build build --target help | grep -qw shard_replicator; then \
+      cmake --build build -j"$jobs" --target shard_replicator \
+      && cp build/shard_replicator/shard_replicator /out/; \
+    fi \
+ && strip /out/*
+
+FROM debian:bookworm-slim AS runtime
+# Runtime libraries of gRPC 1.51, Protobuf 3.21, abseil, spdlog, prometheus-cpp, cpp-httplib and
+# RocksDB; curl for the health checks.
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623 libspdlog1.10 libfmt9 \
+      libprometheus-cpp-core1.0 libcpp-httplib0.11 librocksdb7.8 curl \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=build /out/ /usr/local/bin/
+# Fails the build if a binary needs a library that the list above lacks.
+RUN ! ldd /usr/local/bin/* | grep 'not found'
+RUN useradd --system --home-dir /var/lib/shardcache shardcache \
+ && mkdir -p /var/lib/shardcache && chown shardcache:shardcache /var/lib/shardcache
+USER shardcache
+WORKDIR /var/lib/shardcache
+# gRPC and HTTP (/metrics, /healthz, /readyz) of a cache_server; each service picks its ports.
+EXPOSE 7070 8070
+ENTRYPOINT ["cache_server"]

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages that building, running and testing shardcache need.
+# Idempotent and quick: it asks dpkg which packages are missing and runs apt-get only for those.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config ccache clang-format
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  libspdlog-dev prometheus-cpp-dev libcpp-httplib-dev librocksdb-dev
+  libgtest-dev libgmock-dev grpc-proto
+  python3 python3-grpcio python3-protobuf procps
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if [[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" != "install ok installed" ]]; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "deps.sh: nothing was missing (${#packages[@]} packages installed)"
+  exit 0
+fi
+
+sudo=()
+if ((EUID != 0)); then
+  if command -v sudo >/dev/null 2>&1; then
+    sudo=(sudo)
+  else
+    echo "deps.sh: missing ${missing[*]}, and not root and no sudo to install them" >&2
+    exit 1
+  fi
+fi
+
+# Quiet apt: its progress goes to a log that is shown only when it fails.
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+if ! { "${sudo[@]}" apt-get update -q &&
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -q --no-install-recommends "${missing[@]}"; } >"$log" 2>&1; then
+  cat "$log" >&2
+  echo "deps.sh: failed to install ${missing[*]}" >&2
+  exit 1
+fi
+echo "deps.sh: installed ${missing[*]}"
