@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/label_selector.h"
+#include "common/object_key.h"
 #include "shardcache/v1/store.pb.h"
 
 namespace shardcache {
@@ -27,23 +28,6 @@ struct ObjectFilter {
            (namespace_.empty() || m.namespace_() == namespace_) && selector.Matches(m.labels());
   }
 };
-
-// The store's key of an object: shard, cluster, namespace and name joined by '\0', so that keys
-// sort by those fields in that order (none of them may contain '\0').
-inline std::string ObjectKey(const std::string& shard, const std::string& cluster,
-                             const std::string& ns, const std::string& name) {
-  std::string key;
-  key.reserve(shard.size() + cluster.size() + ns.size() + name.size() + 3);
-  key.append(shard).push_back('\0');
-  key.append(cluster).push_back('\0');
-  key.append(ns).push_back('\0');
-  key.append(name);
-  return key;
-}
-
-inline std::string ObjectKey(const v1::ObjectMeta& m) {
-  return ObjectKey(m.shard(), m.cluster(), m.namespace_(), m.name());
-}
 
 }  // namespace shardcache
 
