@@ -43,7 +43,7 @@ listening() {
   (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null
 }
 
-bash scripts/build.sh
+bash scripts/build.sh cache_server
 
 busy=()
 for port in "$CACHE_PORT" "$CACHE_HTTP_PORT" "$SHARD_PORT" "$SHARD_HTTP_PORT"; do
