@@ -311,8 +311,8 @@ ObjectPtr ObjectStore::DurableLocked(const std::string& group_resource,
 void ObjectStore::CompleteWhenDurable(int64_t revision, std::function<void()> complete) {
   {
     absl::MutexLock l(&mu_);
-    if (revision > durable_revision_) {
-      waiters_.push_back(Waiter{revision, std::move(complete)});
+    if (revision > durable_revision_ || epoch_claims_ > durable_epoch_claims_) {
+      waiters_.push_back(Waiter{revision, epoch_claims_, std::move(complete)});
       return;
     }
   }
@@ -324,6 +324,7 @@ void ObjectStore::RunCommitter() {
   while (true) {
     std::vector<PendingItem> items;
     CommitBatch batch;
+    int64_t batch_claims = 0;
     {
       absl::MutexLock l(&mu_);
       auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -340,6 +341,7 @@ void ObjectStore::RunCommitter() {
       batch.epochs.swap(pending_epochs_);
       batch.revision = revision_;
       batch.compacted_revision = compacted_revision_;
+      batch_claims = epoch_claims_;
     }
     for (const PendingItem& item : items) {
       if (item.event != nullptr) batch.events.push_back(item.event);
@@ -356,9 +358,10 @@ void ObjectStore::RunCommitter() {
     {
       absl::MutexLock l(&mu_);
       durable_revision_ = batch.revision;
+      durable_epoch_claims_ = batch_claims;
       CompactLocked();
       for (auto it = waiters_.begin(); it != waiters_.end();) {
-        if (it->revision <= durable_revision_) {
+        if (it->revision <= durable_revision_ && it->epoch_claims <= durable_epoch_claims_) {
           done.push_back(std::move(*it));
           it = waiters_.erase(it);
         } else {
@@ -487,6 +490,7 @@ absl::Status ObjectStore::CheckFenceLocked(const v1::Fence& fence) {
   if (fence.epoch() > highest) {
     highest = fence.epoch();
     pending_epochs_[fence.shard()] = highest;
+    ++epoch_claims_;
   }
   return absl::OkStatus();
 }

@@ -131,6 +131,7 @@ class ObjectStore {
   };
   struct Waiter {
     int64_t revision;
+    int64_t epoch_claims;
     std::function<void()> complete;
   };
 
@@ -139,8 +140,9 @@ class ObjectStore {
   absl::StatusOr<DeleteResult> DeleteLocked(const v1::DeleteRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateAsyncImpl(const v1::UpdateRequest& request, UpdateKind kind, ObjectCallback done);
-  // Completes `complete` once revision `revision` is durable: at once if it is already (or if
-  // `revision` is 0), else from the committer.
+  // Completes `complete` once revision `revision` is durable, and every fencing epoch claimed so
+  // far too (a write acknowledged under a new epoch must not be followed, after a crash, by a
+  // write with an older one): at once if they already are, else from the committer.
   void CompleteWhenDurable(int64_t revision, std::function<void()> complete);
   void RecoverLocked(PersistedState state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunCommitter();
@@ -180,6 +182,9 @@ class ObjectStore {
   int64_t durable_revision_ ABSL_GUARDED_BY(mu_) = 1;
   std::vector<PendingItem> pending_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> pending_epochs_ ABSL_GUARDED_BY(mu_);
+  // How many times an epoch was raised, and how many of those are durable.
+  int64_t epoch_claims_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t durable_epoch_claims_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Events with a revision at or below this have left the history window.

@@ -473,5 +473,54 @@ TEST_F(ObjectStoreTest, Compaction_DropsOldVersions_KeepsCurrent) {
   EXPECT_EQ(l->items(0).metadata().name(), "b");
 }
 
+// Records what the store commits.
+class RecordingStorage : public Storage {
+ public:
+  absl::StatusOr<PersistedState> Load() override { return PersistedState(); }
+  absl::Status Commit(const CommitBatch& batch) override {
+    absl::MutexLock l(&mu_);
+    batches_.push_back(batch);
+    return absl::OkStatus();
+  }
+  std::vector<CommitBatch> batches() {
+    absl::MutexLock l(&mu_);
+    return batches_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<CommitBatch> batches_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST_F(ObjectStoreTest, Durability_AckedWritesAndEpochsAreInACommittedBatch) {
+  RecordingStorage storage;
+  ObjectStore::Options o;
+  o.role = Role::kCache;
+  o.clock = &clock_;
+  o.storage = &storage;
+  store_ = std::make_unique<ObjectStore>(o, &cache_, &metrics_);
+  auto created = Create(Widget("a"));
+  ASSERT_THAT(created, IsOk());
+  // A no-op update that raises the shard's epoch is acknowledged only once the epoch is durable.
+  v1::UpdateRequest req;
+  *req.mutable_resource() = Widgets();
+  *req.mutable_object() = Widget("a");
+  req.mutable_fence()->set_shard("s1");
+  req.mutable_fence()->set_epoch(7);
+  auto same = store_->Update(req);
+  ASSERT_THAT(same, IsOk());
+  EXPECT_EQ((*same)->metadata().resource_version(), (*created)->metadata().resource_version());
+  std::vector<CommitBatch> batches = storage.batches();
+  int64_t rev = 0;
+  std::map<std::string, int64_t> epochs;
+  for (const CommitBatch& b : batches) {
+    for (const EventPtr& e : b.events) EXPECT_GT(e->revision, rev);
+    if (!b.events.empty()) rev = b.events.back()->revision;
+    for (const auto& [shard, epoch] : b.epochs) epochs[shard] = epoch;
+  }
+  EXPECT_EQ(rev, 2);
+  EXPECT_EQ(epochs["s1"], 7);
+}
+
 }  // namespace
 }  // namespace shardcache
