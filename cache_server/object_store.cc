@@ -289,6 +289,9 @@ void ObjectStore::RecoverLocked(PersistedState state) {
   }
   // Definitions are applied directly; nothing is waiting to be published yet.
   pending_.clear();
+  // The stored window may be a batch wider than the limits (the committer compacts after it
+  // writes); apply them now so that the window is the same as before the restart.
+  CompactLocked();
   metrics_->revision.Set(static_cast<double>(revision_));
   metrics_->objects.Set(static_cast<double>(live_objects_));
   metrics_->history_events.Set(static_cast<double>(history_.size()));

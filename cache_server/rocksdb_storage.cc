@@ -67,6 +67,9 @@ absl::StatusOr<std::unique_ptr<RocksDbStorage>> RocksDbStorage::Open(Options opt
   db_options.IncreaseParallelism(2);
   db_options.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
   db_options.keep_log_file_num = 2;
+  // Do not preallocate the write-ahead log (tens of MiB per store): many small stores, as in
+  // tests, would take gigabytes of disk for nothing.
+  db_options.allow_fallocate = false;
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(db_options, options.data_dir, &raw);
   if (!s.ok()) {

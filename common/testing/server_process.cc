@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -39,6 +40,11 @@ ServerProcess::~ServerProcess() {
     std::cerr << "--- " << binary_ << " log (" << dir_ << "/stderr.log) ---\n" << log << "---\n";
   }
   if (pid_ > 0) Stop(absl::Seconds(5));
+  // Keep the directory (data and log) of a failed test for a look; remove the others.
+  if (!::testing::Test::HasFailure() && !dir_.empty()) {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
 }
 
 absl::Status ServerProcess::Start(absl::Duration timeout) {
