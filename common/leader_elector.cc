@@ -1,0 +1,461 @@
+#include "common/leader_elector.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+
+namespace shardcache {
+
+// ---- Cancellation ----
+
+namespace internal {
+
+struct CancellationState {
+  absl::Notification cancelled;
+  absl::Mutex mu;
+  bool cancelling ABSL_GUARDED_BY(mu) = false;
+  CancellationToken::CallbackId next_id ABSL_GUARDED_BY(mu) = 1;
+  std::map<CancellationToken::CallbackId, std::function<void()>> callbacks ABSL_GUARDED_BY(mu);
+  // The callback that Cancel is running now (0: none), and on which thread.
+  CancellationToken::CallbackId running ABSL_GUARDED_BY(mu) = 0;
+  std::thread::id running_thread ABSL_GUARDED_BY(mu);
+};
+
+}  // namespace internal
+
+bool CancellationToken::Cancelled() const { return state_->cancelled.HasBeenNotified(); }
+
+bool CancellationToken::WaitForCancellation(absl::Time deadline) const {
+  return state_->cancelled.WaitForNotificationWithDeadline(deadline);
+}
+
+CancellationToken::CallbackId CancellationToken::OnCancelled(std::function<void()> f) const {
+  {
+    absl::MutexLock l(&state_->mu);
+    if (!state_->cancelling) {
+      CallbackId id = state_->next_id++;
+      state_->callbacks.emplace(id, std::move(f));
+      return id;
+    }
+  }
+  f();
+  return 0;
+}
+
+void CancellationToken::RemoveCallback(CallbackId id) const {
+  internal::CancellationState& s = *state_;
+  absl::MutexLock l(&s.mu);
+  if (s.callbacks.erase(id) > 0) return;
+  if (s.running == id && s.running_thread != std::this_thread::get_id()) {
+    auto done = [&s, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) { return s.running != id; };
+    s.mu.Await(absl::Condition(&done));
+  }
+}
+
+CancellationSource::CancellationSource()
+    : state_(std::make_shared<internal::CancellationState>()) {}
+
+void CancellationSource::Cancel() {
+  internal::CancellationState& s = *state_;
+  {
+    absl::MutexLock l(&s.mu);
+    if (s.cancelling) return;
+    s.cancelling = true;
+  }
+  s.cancelled.Notify();
+  while (true) {
+    std::function<void()> f;
+    {
+      absl::MutexLock l(&s.mu);
+      s.running = 0;
+      if (s.callbacks.empty()) return;
+      auto it = s.callbacks.begin();
+      s.running = it->first;
+      s.running_thread = std::this_thread::get_id();
+      f = std::move(it->second);
+      s.callbacks.erase(it);
+    }
+    f();
+  }
+}
+
+// ---- LeaderElector ----
+
+absl::StatusOr<std::unique_ptr<LeaderElector>> LeaderElector::Create(Config config) {
+  auto invalid = [](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat("leader election config: ", what));
+  };
+  if (config.lease_duration <= absl::ZeroDuration()) {
+    return invalid("lease_duration must be greater than zero");
+  }
+  if (config.renew_deadline <= absl::ZeroDuration()) {
+    return invalid("renew_deadline must be greater than zero");
+  }
+  if (config.retry_period <= absl::ZeroDuration()) {
+    return invalid("retry_period must be greater than zero");
+  }
+  if (config.lease_duration <= config.renew_deadline) {
+    return invalid("lease_duration must be greater than renew_deadline");
+  }
+  if (config.renew_deadline <= config.retry_period * kJitterFactor) {
+    return invalid("renew_deadline must be greater than retry_period*1.2");
+  }
+  if (config.lock == nullptr) return invalid("lock must not be null");
+  if (config.lock->Identity().empty()) return invalid("lock identity must not be empty");
+  if (!config.callbacks.on_started_leading) {
+    return invalid("callbacks.on_started_leading must be set");
+  }
+  if (!config.callbacks.on_stopped_leading) {
+    return invalid("callbacks.on_stopped_leading must be set");
+  }
+  if (config.clock == nullptr) return invalid("clock must not be null");
+  return std::unique_ptr<LeaderElector>(new LeaderElector(std::move(config)));
+}
+
+LeaderElector::LeaderElector(Config config)
+    : config_(std::move(config)), identity_(config_.lock->Identity()) {
+  if (config_.registry != nullptr) {
+    prometheus::Labels labels = {{"lease", config_.lock->Describe()}};
+    leading_gauge_ = &prometheus::BuildGauge()
+                          .Name("shardcache_leader_election_leading")
+                          .Help("1 while this replica leads the lease, else 0")
+                          .Register(*config_.registry)
+                          .Add(labels);
+    terms_counter_ = &prometheus::BuildCounter()
+                          .Name("shardcache_leader_election_terms_total")
+                          .Help("Leadership terms this replica has started")
+                          .Register(*config_.registry)
+                          .Add(labels);
+  }
+}
+
+LeaderElector::~LeaderElector() { Stop(); }
+
+bool LeaderElector::IsLeader() const {
+  absl::MutexLock l(&mu_);
+  return leading_;
+}
+
+std::string LeaderElector::GetLeader() const {
+  absl::MutexLock l(&mu_);
+  return observed_.holder_identity;
+}
+
+int64_t LeaderElector::Epoch() const {
+  absl::MutexLock l(&mu_);
+  return leading_ ? epoch_ : 0;
+}
+
+void LeaderElector::Run() {
+  absl::MutexLock l(&mu_);
+  if (running_ || stopping_) return;
+  running_ = true;
+  loop_thread_ = std::thread([this] { LoopThread(); });
+  watchdog_thread_ = std::thread([this] { WatchdogThread(); });
+}
+
+void LeaderElector::Stop() {
+  {
+    absl::MutexLock l(&mu_);
+    if (stopping_) {  // another Stop is under way or done: wait for it
+      mu_.Await(absl::Condition(&stopped_));
+      return;
+    }
+    stopping_ = true;
+  }
+  if (loop_thread_.joinable()) loop_thread_.join();
+  if (watchdog_thread_.joinable()) watchdog_thread_.join();
+  uint64_t term;
+  bool leading;
+  {
+    absl::MutexLock l(&mu_);
+    term = term_;
+    leading = leading_;
+  }
+  if (leading) EndTerm(term, "the elector is stopping");
+  if (config_.release_on_cancel) Release();
+  absl::MutexLock l(&mu_);
+  stopped_ = true;
+}
+
+void LeaderElector::Step() {
+  {
+    absl::MutexLock l(&mu_);
+    if (stopping_) return;
+  }
+  CheckRenewDeadline();
+  bool leading;
+  int64_t epoch;
+  uint64_t term;
+  {
+    absl::MutexLock l(&mu_);
+    leading = leading_;
+    epoch = epoch_;
+    term = term_;
+  }
+  absl::Time start = config_.clock->Now();
+  int64_t new_epoch = 0;
+  switch (TryAcquireOrRenew(start, leading, epoch, &new_epoch)) {
+    case Attempt::kRenewed: {
+      absl::MutexLock l(&mu_);
+      if (leading_ && term_ == term) last_renew_ = std::max(last_renew_, start);
+      break;
+    }
+    case Attempt::kAcquired:
+      BeginTerm(new_epoch, start);
+      break;
+    case Attempt::kLost:
+      EndTerm(term, "the lease is no longer this replica's");
+      break;
+    case Attempt::kNone:
+      break;
+  }
+  MaybeReportLeader();
+  CheckRenewDeadline();
+}
+
+LeaderElector::Attempt LeaderElector::TryAcquireOrRenew(absl::Time now, bool leading, int64_t epoch,
+                                                        int64_t* new_epoch) {
+  ResourceLock& lock = *config_.lock;
+  LeaderElectionRecord desired;
+  desired.holder_identity = identity_;
+  desired.lease_duration = config_.lease_duration;
+  desired.acquire_time = now;
+  desired.renew_time = now;
+
+  // A leader renews from the record it wrote last, without reading first (one call); the
+  // resourceVersion precondition makes that safe. On a conflict it reads below.
+  if (leading) {
+    LeaderElectionRecord last;
+    {
+      absl::MutexLock l(&mu_);
+      last = observed_;
+    }
+    if (last.holder_identity == identity_ && last.leader_transitions == epoch) {
+      desired.acquire_time = last.acquire_time;
+      desired.leader_transitions = epoch;
+      absl::StatusOr<std::string> version = lock.Update(desired);
+      if (version.ok()) {
+        Observe(ObservedRecord{desired, *version});
+        return Attempt::kRenewed;
+      }
+      if (version.status().code() != absl::StatusCode::kAborted &&
+          version.status().code() != absl::StatusCode::kNotFound) {
+        spdlog::warn("{}: {} failed to renew: {}", lock.Describe(), identity_,
+                     version.status().ToString());
+        return Attempt::kNone;
+      }
+    }
+  }
+
+  absl::StatusOr<ObservedRecord> got = lock.Get();
+  if (!got.ok()) {
+    if (got.status().code() != absl::StatusCode::kNotFound) {
+      spdlog::warn("{}: {} failed to read the lease: {}", lock.Describe(), identity_,
+                   got.status().ToString());
+      return Attempt::kNone;
+    }
+    if (leading) return Attempt::kLost;  // the lease object is gone
+    {
+      absl::MutexLock l(&mu_);
+      desired.leader_transitions = max_transitions_seen_ + 1;
+    }
+    absl::StatusOr<std::string> version = lock.Create(desired);
+    if (!version.ok()) {
+      spdlog::info("{}: {} failed to create the lease: {}", lock.Describe(), identity_,
+                   version.status().ToString());
+      return Attempt::kNone;
+    }
+    Observe(ObservedRecord{desired, *version});
+    *new_epoch = desired.leader_transitions;
+    return Attempt::kAcquired;
+  }
+
+  Observe(*got);
+  const LeaderElectionRecord& current = got->record;
+  bool ours = current.holder_identity == identity_;
+  if (leading) {
+    // Still ours only if nobody started a term since ours (same identity, same epoch).
+    if (!ours || current.leader_transitions != epoch) return Attempt::kLost;
+    desired.acquire_time = current.acquire_time;
+    desired.leader_transitions = epoch;
+    absl::StatusOr<std::string> version = lock.Update(desired);
+    if (!version.ok()) {
+      spdlog::warn("{}: {} failed to renew: {}", lock.Describe(), identity_,
+                   version.status().ToString());
+      return Attempt::kNone;
+    }
+    Observe(ObservedRecord{desired, *version});
+    return Attempt::kRenewed;
+  }
+
+  if (!current.holder_identity.empty() && !ours) {
+    absl::MutexLock l(&mu_);
+    // Valid while its version, as first seen here, is younger than its duration.
+    if (observed_time_ + current.lease_duration > config_.clock->Now()) return Attempt::kNone;
+  }
+  // A new term: free, expired, or ours from a term that has ended (e.g. before a restart).
+  desired.leader_transitions = current.leader_transitions + 1;
+  absl::StatusOr<std::string> version = lock.Update(desired);
+  if (!version.ok()) {
+    spdlog::info("{}: {} failed to acquire: {}", lock.Describe(), identity_,
+                 version.status().ToString());
+    return Attempt::kNone;
+  }
+  Observe(ObservedRecord{desired, *version});
+  *new_epoch = desired.leader_transitions;
+  return Attempt::kAcquired;
+}
+
+void LeaderElector::Observe(const ObservedRecord& observed) {
+  absl::Time now = config_.clock->Now();
+  absl::MutexLock l(&mu_);
+  if (!have_observed_ || observed.resource_version != observed_version_) observed_time_ = now;
+  have_observed_ = true;
+  observed_ = observed.record;
+  observed_version_ = observed.resource_version;
+  max_transitions_seen_ = std::max(max_transitions_seen_, observed.record.leader_transitions);
+}
+
+void LeaderElector::MaybeReportLeader() {
+  std::string holder;
+  {
+    absl::MutexLock l(&mu_);
+    if (!have_observed_) return;
+    holder = observed_.holder_identity;
+  }
+  absl::MutexLock cl(&callback_mu_);
+  if (holder == reported_leader_) return;
+  reported_leader_ = holder;
+  if (config_.callbacks.on_new_leader) config_.callbacks.on_new_leader(holder);
+}
+
+void LeaderElector::BeginTerm(int64_t epoch, absl::Time renewed) {
+  std::unique_ptr<CancellationToken> token;
+  {
+    absl::MutexLock l(&mu_);
+    // The previous term's on_stopped_leading comes first.
+    mu_.Await(absl::Condition(this, &LeaderElector::NoStopPending));
+    if (stopping_) return;  // Stop() releases the lease
+  }
+  absl::MutexLock cl(&callback_mu_);
+  {
+    absl::MutexLock l(&mu_);
+    leading_ = true;
+    ++term_;
+    epoch_ = epoch;
+    last_renew_ = renewed;
+    cancellation_ = std::make_unique<CancellationSource>();
+    token = std::make_unique<CancellationToken>(cancellation_->Token());
+  }
+  spdlog::info("{}: {} started leading (epoch {})", config_.lock->Describe(), identity_, epoch);
+  if (leading_gauge_ != nullptr) leading_gauge_->Set(1);
+  if (terms_counter_ != nullptr) terms_counter_->Increment();
+  config_.callbacks.on_started_leading(LeadingContext{epoch, *token});
+}
+
+bool LeaderElector::EndTerm(uint64_t term, absl::string_view why) {
+  std::unique_ptr<CancellationSource> cancellation;
+  int64_t epoch;
+  {
+    absl::MutexLock l(&mu_);
+    if (!leading_ || term_ != term) return false;
+    leading_ = false;
+    epoch = epoch_;
+    epoch_ = 0;
+    cancellation = std::move(cancellation_);
+    ++stops_pending_;
+  }
+  spdlog::warn("{}: {} stopped leading (epoch {}): {}", config_.lock->Describe(), identity_, epoch,
+               std::string(why));
+  if (leading_gauge_ != nullptr) leading_gauge_->Set(0);
+  cancellation->Cancel();
+  {
+    absl::MutexLock cl(&callback_mu_);
+    config_.callbacks.on_stopped_leading();
+  }
+  absl::MutexLock l(&mu_);
+  --stops_pending_;
+  return true;
+}
+
+void LeaderElector::CheckRenewDeadline() {
+  uint64_t term;
+  {
+    absl::MutexLock l(&mu_);
+    if (!leading_ || config_.clock->Now() < last_renew_ + config_.renew_deadline) return;
+    term = term_;
+  }
+  EndTerm(term,
+          absl::StrCat("no successful renewal for ", absl::FormatDuration(config_.renew_deadline)));
+}
+
+void LeaderElector::Release() {
+  LeaderElectionRecord record;
+  {
+    absl::MutexLock l(&mu_);
+    if (!have_observed_ || observed_.holder_identity != identity_) return;
+    record.leader_transitions = observed_.leader_transitions;
+  }
+  absl::Time now = config_.clock->Now();
+  record.lease_duration = absl::Seconds(1);
+  record.acquire_time = now;
+  record.renew_time = now;
+  absl::StatusOr<std::string> version = config_.lock->Update(record);
+  if (!version.ok()) {
+    spdlog::warn("{}: {} failed to release the lease: {}", config_.lock->Describe(), identity_,
+                 version.status().ToString());
+    return;
+  }
+  Observe(ObservedRecord{record, *version});
+  spdlog::info("{}: {} released the lease", config_.lock->Describe(), identity_);
+}
+
+void LeaderElector::LoopThread() {
+  while (true) {
+    Step();
+    absl::Duration wait = IsLeader() ? config_.retry_period : JitteredRetryPeriod();
+    if (!WaitUntil(config_.clock->Now() + wait)) return;
+  }
+}
+
+void LeaderElector::WatchdogThread() {
+  mu_.Lock();
+  while (!stopping_) {
+    if (!leading_) {
+      mu_.Await(absl::Condition(this, &LeaderElector::StoppingOrLeading));
+      continue;
+    }
+    absl::Duration left = last_renew_ + config_.renew_deadline - config_.clock->Now();
+    if (left <= absl::ZeroDuration()) {
+      mu_.Unlock();
+      CheckRenewDeadline();
+      mu_.Lock();
+      continue;
+    }
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_), left);
+  }
+  mu_.Unlock();
+}
+
+bool LeaderElector::WaitUntil(absl::Time t) {
+  absl::MutexLock l(&mu_);
+  while (!stopping_) {
+    absl::Duration left = t - config_.clock->Now();
+    if (left <= absl::ZeroDuration()) return true;
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_), left);
+  }
+  return false;
+}
+
+absl::Duration LeaderElector::JitteredRetryPeriod() {
+  absl::MutexLock l(&mu_);
+  return config_.retry_period * (1.0 - absl::Uniform(rng_, 0.0, 0.2));
+}
+
+}  // namespace shardcache
