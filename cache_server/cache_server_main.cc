@@ -201,6 +201,7 @@ int Run(Config config, const std::string& role_name) {
                absl::FormatDuration(config.drain_timeout));
   ready = false;
   server->GetHealthCheckService()->SetServingStatus(false);
+  service.Shutdown();
   size_t left = watch_cache.Shutdown(config.drain_timeout);
   if (left > 0) spdlog::warn("{} watch streams did not end in time", left);
   server->Shutdown(absl::ToChronoTime(absl::Now() + config.drain_timeout));

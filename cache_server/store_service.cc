@@ -35,13 +35,30 @@ ObjectStore::ObjectCallback FinishWithObject(grpc::ServerUnaryReactor* reactor,
   };
 }
 
+}  // namespace
+
 // The server side of one Write stream: reads a write, hands it to the store, and sends the
 // answers in the order of the writes as they complete. At most one read and one write in flight;
 // reading pauses while kMaxOutstandingWrites writes are outstanding. Finish is called only when
 // no store callback is outstanding, so the reactor outlives every callback that refers to it.
 class WriteStreamReactor : public grpc::ServerBidiReactor<v1::WriteRequest, v1::WriteResponse> {
  public:
-  explicit WriteStreamReactor(StoreService* service) : service_(service) { StartRead(&request_); }
+  explicit WriteStreamReactor(StoreService* service) : service_(service) {
+    if (!service_->AddStream(this)) {
+      absl::MutexLock l(&mu_);
+      draining_ = true;
+      MaybeWriteOrFinishLocked();
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  // The server is shutting down: answer what was taken, then end with UNAVAILABLE.
+  void Drain() {
+    absl::MutexLock l(&mu_);
+    draining_ = true;
+    MaybeWriteOrFinishLocked();
+  }
 
   void OnReadDone(bool ok) override {
     if (!ok) {  // the client has sent its last write
@@ -51,20 +68,32 @@ class WriteStreamReactor : public grpc::ServerBidiReactor<v1::WriteRequest, v1::
       return;
     }
     Slot* slot;
+    bool draining;
     {
       absl::MutexLock l(&mu_);
       slots_.emplace_back();
       slot = &slots_.back();  // deque: stays valid while later slots are added
       ++in_store_;
+      draining = draining_;
     }
-    service_->Apply(request_, [this, slot](v1::WriteResponse answer) {
+    auto answer_slot = [this, slot](v1::WriteResponse answer) {
       absl::MutexLock l(&mu_);
       slot->answer = std::move(answer);
       slot->ready = true;
       --in_store_;
       MaybeWriteOrFinishLocked();
-    });
+    };
+    if (draining) {
+      v1::WriteResponse refused;
+      refused.set_id(request_.id());
+      refused.set_code(static_cast<int>(grpc::StatusCode::UNAVAILABLE));
+      refused.set_message("server shutting down: the write was not applied");
+      answer_slot(std::move(refused));
+      return;  // reads no more
+    }
+    service_->Apply(request_, std::move(answer_slot));
     absl::MutexLock l(&mu_);
+    if (draining_) return;
     if (slots_.size() < kMaxOutstandingWrites && !cancelled_) {
       StartRead(&request_);
     } else {
@@ -76,7 +105,7 @@ class WriteStreamReactor : public grpc::ServerBidiReactor<v1::WriteRequest, v1::
     absl::MutexLock l(&mu_);
     writing_ = false;
     if (!ok) cancelled_ = true;
-    if (read_paused_ && !cancelled_ && slots_.size() < kMaxOutstandingWrites / 2) {
+    if (read_paused_ && !cancelled_ && !draining_ && slots_.size() < kMaxOutstandingWrites / 2) {
       read_paused_ = false;
       StartRead(&request_);
     }
@@ -89,7 +118,10 @@ class WriteStreamReactor : public grpc::ServerBidiReactor<v1::WriteRequest, v1::
     MaybeWriteOrFinishLocked();
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    service_->RemoveStream(this);
+    delete this;
+  }
 
  private:
   struct Slot {
@@ -112,6 +144,11 @@ class WriteStreamReactor : public grpc::ServerBidiReactor<v1::WriteRequest, v1::
       StartWrite(&out_);
       return;
     }
+    if (draining_ && slots_.empty() && in_store_ == 0) {
+      finished_ = true;
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server shutting down"));
+      return;
+    }
     if (reads_done_ && slots_.empty()) {
       finished_ = true;
       Finish(grpc::Status::OK);
@@ -128,10 +165,9 @@ class WriteStreamReactor : public grpc::ServerBidiReactor<v1::WriteRequest, v1::
   bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
-
-}  // namespace
 
 StoreService::StoreService(Options options, ObjectStore* store, WatchCache* watch_cache,
                            StoreMetrics* metrics)
@@ -211,6 +247,24 @@ grpc::ServerUnaryReactor* StoreService::Delete(grpc::CallbackServerContext* ctx,
     Finish(reactor, metrics, "Delete", start, r.status());
   });
   return reactor;
+}
+
+bool StoreService::AddStream(WriteStreamReactor* stream) {
+  absl::MutexLock l(&streams_mu_);
+  if (shutting_down_) return false;
+  streams_.insert(stream);
+  return true;
+}
+
+void StoreService::RemoveStream(WriteStreamReactor* stream) {
+  absl::MutexLock l(&streams_mu_);
+  streams_.erase(stream);
+}
+
+void StoreService::Shutdown() {
+  absl::MutexLock l(&streams_mu_);
+  shutting_down_ = true;
+  for (WriteStreamReactor* s : streams_) s->Drain();
 }
 
 grpc::ServerBidiReactor<v1::WriteRequest, v1::WriteResponse>* StoreService::Write(

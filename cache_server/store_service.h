@@ -13,12 +13,17 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <set>
+
+#include "absl/synchronization/mutex.h"
 #include "cache_server/object_store.h"
 #include "cache_server/store_metrics.h"
 #include "cache_server/watch_cache.h"
 #include "shardcache/v1/store.grpc.pb.h"
 
 namespace shardcache {
+
+class WriteStreamReactor;
 
 // Watch is a raw method (ByteBuffer in and out) so that events are serialized once for all
 // watchers; every other method is typed.
@@ -54,11 +59,24 @@ class StoreService final
   // failed), possibly before Apply returns.
   void Apply(const v1::WriteRequest& req, std::function<void(v1::WriteResponse)> done);
 
+  // Drains every Write stream: each stops applying writes, answers the writes it has taken (a
+  // write read after this is answered UNAVAILABLE), then ends with UNAVAILABLE "server shutting
+  // down". New streams end at once. Call before grpc::Server::Shutdown.
+  void Shutdown();
+
+  // For WriteStreamReactor: registration of open streams.
+  bool AddStream(WriteStreamReactor* stream);
+  void RemoveStream(WriteStreamReactor* stream);
+
  private:
   const Options options_;
   ObjectStore* const store_;
   WatchCache* const watch_cache_;
   StoreMetrics* const metrics_;
+
+  absl::Mutex streams_mu_;
+  std::set<WriteStreamReactor*> streams_ ABSL_GUARDED_BY(streams_mu_);
+  bool shutting_down_ ABSL_GUARDED_BY(streams_mu_) = false;
 };
 
 }  // namespace shardcache
