@@ -1,0 +1,268 @@
+#include "common/reflector.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardcache {
+namespace {
+
+// How often a wait on a clock that cannot wake sleepers (a FakeClock) re-reads it.
+constexpr absl::Duration kClockPoll = absl::Milliseconds(10);
+
+// Errors that retrying cannot cure: the reflector stops.
+bool IsTerminal(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kNotFound ||
+         s.code() == absl::StatusCode::kInvalidArgument ||
+         s.code() == absl::StatusCode::kUnimplemented;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Reflector>> Reflector::Create(std::unique_ptr<ListerWatcher> lw,
+                                                             ReflectorSink* sink, Options options) {
+  if (lw == nullptr) return absl::InvalidArgumentError("lister_watcher: Required value");
+  if (sink == nullptr) return absl::InvalidArgumentError("sink: Required value");
+  if (options.clock == nullptr) return absl::InvalidArgumentError("options.clock: Required value");
+  if (options.page_size < 0) {
+    return absl::InvalidArgumentError("options.page_size: must not be negative");
+  }
+  absl::StatusOr<Backoff> backoff = Backoff::Create(options.backoff, options.clock);
+  if (!backoff.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("options.", backoff.status().message()));
+  }
+  return std::unique_ptr<Reflector>(
+      new Reflector(std::move(lw), sink, std::move(options), *std::move(backoff)));
+}
+
+Reflector::Reflector(std::unique_ptr<ListerWatcher> lw, ReflectorSink* sink, Options options,
+                     Backoff backoff)
+    : lw_(std::move(lw)),
+      sink_(sink),
+      options_(std::move(options)),
+      name_(options_.name.empty() ? lw_->Describe() : options_.name),
+      backoff_(std::move(backoff)) {}
+
+Reflector::~Reflector() { Stop(); }
+
+void Reflector::Start() {
+  absl::MutexLock t(&thread_mu_);
+  {
+    absl::MutexLock l(&mu_);
+    if (started_) return;
+    started_ = true;
+  }
+  thread_ = std::thread([this] { Run(); });
+}
+
+void Reflector::Stop() {
+  bool on_loop_thread = false;
+  bool never_started = false;
+  {
+    absl::MutexLock l(&mu_);
+    if (!stop_requested_) {
+      stop_requested_ = true;
+      if (current_stream_ != nullptr) current_stream_->Cancel();
+    }
+    on_loop_thread = loop_thread_id_ == std::this_thread::get_id();
+    if (!started_) {
+      started_ = true;  // Start() must not run the loop any more
+      never_started = true;
+      stopped_ = true;
+      stop_reason_ = absl::CancelledError(
+          absl::StrCat("reflector ", name_, ": stopped by Stop() before it started"));
+    }
+  }
+  lw_->Shutdown();  // cancels a List in flight
+  if (never_started) {
+    sink_->Stopped(StopReason());
+    return;
+  }
+  if (on_loop_thread) return;
+  absl::MutexLock t(&thread_mu_);
+  if (thread_.joinable()) thread_.join();
+}
+
+bool Reflector::HasSynced() const {
+  absl::MutexLock l(&mu_);
+  return synced_;
+}
+
+std::string Reflector::LastResourceVersion() const {
+  absl::MutexLock l(&mu_);
+  return last_rv_;
+}
+
+bool Reflector::IsStopped() const {
+  absl::MutexLock l(&mu_);
+  return stopped_;
+}
+
+absl::Status Reflector::StopReason() const {
+  absl::MutexLock l(&mu_);
+  return stop_reason_;
+}
+
+bool Reflector::StopRequested() const {
+  absl::MutexLock l(&mu_);
+  return stop_requested_;
+}
+
+void Reflector::SetLastResourceVersion(const std::string& rv) {
+  absl::MutexLock l(&mu_);
+  last_rv_ = rv;
+}
+
+void Reflector::Run() {
+  {
+    absl::MutexLock l(&mu_);
+    loop_thread_id_ = std::this_thread::get_id();
+  }
+  absl::Status reason = Loop();
+  if (reason.code() == absl::StatusCode::kCancelled) {
+    spdlog::info("reflector {}: stopped", name_);
+  } else {
+    spdlog::warn("reflector {}: stopped for good: {}", name_, reason.ToString());
+  }
+  {
+    absl::MutexLock l(&mu_);
+    stopped_ = true;
+    stop_reason_ = reason;
+  }
+  sink_->Stopped(reason);
+}
+
+absl::Status Reflector::Loop() {
+  const absl::Status cancelled =
+      absl::CancelledError(absl::StrCat("reflector ", name_, ": stopped by Stop()"));
+  bool need_list = true;
+  int watches_since_list = 0;
+  while (true) {
+    if (StopRequested()) return cancelled;
+    if (need_list) {
+      absl::Status listed = ListAll();
+      if (StopRequested()) return cancelled;
+      if (IsTerminal(listed)) return listed;
+      if (!listed.ok()) {
+        spdlog::warn("reflector {}: list failed: {}", name_, listed.ToString());
+        if (!WaitBackoff()) return cancelled;
+        continue;
+      }
+      need_list = false;
+      watches_since_list = 0;
+    }
+    ++watches_since_list;
+    WatchResult watched = WatchOnce();
+    if (StopRequested()) return cancelled;
+    if (IsTerminal(watched.status)) return watched.status;
+    if (watched.status.code() == absl::StatusCode::kOutOfRange) {
+      // The last revision left the store's history window: only a list can catch up.
+      spdlog::info("reflector {}: {}; listing again", name_, watched.status.ToString());
+      need_list = true;
+      if (watches_since_list > 1) continue;  // a resumed watch: relist at once
+      // The list's own revision was already too old (heavy writes): back off below.
+    } else if (watched.events > 0 &&
+               (watched.status.ok() ||
+                watched.status.code() == absl::StatusCode::kDeadlineExceeded)) {
+      continue;  // a healthy watch that reached its deadline: resume at once
+    } else {
+      spdlog::warn("reflector {}: watch ended after {} events: {}", name_, watched.events,
+                   watched.status.ToString());
+    }
+    if (!WaitBackoff()) return cancelled;
+  }
+}
+
+absl::Status Reflector::ListAll() {
+  lists_started_.fetch_add(1);
+  std::vector<ObjectRef> objects;
+  std::string continue_token;
+  std::string revision;
+  do {
+    if (StopRequested()) return absl::CancelledError("stopped");
+    absl::StatusOr<v1::ListResponse> page = lw_->List(options_.page_size, continue_token);
+    if (!page.ok()) return page.status();
+    if (revision.empty()) revision = page->resource_version();
+    objects.reserve(objects.size() + page->items_size());
+    for (v1::Object& item : *page->mutable_items()) {
+      objects.push_back(std::make_shared<const v1::Object>(std::move(item)));
+    }
+    continue_token = page->continue_token();
+  } while (!continue_token.empty());
+  if (revision.empty()) {
+    return absl::InternalError(
+        absl::StrCat("list ", name_, ": the store returned no resourceVersion"));
+  }
+  backoff_.Succeeded();
+  size_t count = objects.size();
+  sink_->Replace(std::move(objects), revision);
+  {
+    absl::MutexLock l(&mu_);
+    last_rv_ = revision;
+    synced_ = true;
+  }
+  spdlog::debug("reflector {}: listed {} objects at revision {}", name_, count, revision);
+  return absl::OkStatus();
+}
+
+Reflector::WatchResult Reflector::WatchOnce() {
+  WatchResult result;
+  std::unique_ptr<WatchEventStream> stream = lw_->Watch(LastResourceVersion());
+  {
+    absl::MutexLock l(&mu_);
+    if (stop_requested_) stream->Cancel();
+    current_stream_ = stream.get();
+  }
+  watches_started_.fetch_add(1);
+  v1::WatchEvent event;
+  while (stream->Next(&event)) {
+    if (result.events++ == 0) backoff_.Succeeded();
+    std::string rv = event.object().metadata().resource_version();
+    switch (event.type()) {
+      case v1::WatchEvent::ADDED:
+        sink_->Add(std::make_shared<const v1::Object>(std::move(*event.mutable_object())));
+        break;
+      case v1::WatchEvent::MODIFIED:
+        sink_->Update(std::make_shared<const v1::Object>(std::move(*event.mutable_object())));
+        break;
+      case v1::WatchEvent::DELETED:
+        sink_->Delete(std::make_shared<const v1::Object>(std::move(*event.mutable_object())));
+        break;
+      case v1::WatchEvent::BOOKMARK:
+        sink_->Bookmark(rv);
+        break;
+      default:
+        spdlog::warn("reflector {}: ignoring a watch event of unknown type {}", name_,
+                     static_cast<int>(event.type()));
+        continue;
+    }
+    if (!rv.empty()) SetLastResourceVersion(rv);
+  }
+  {
+    absl::MutexLock l(&mu_);
+    current_stream_ = nullptr;
+  }
+  result.status = stream->Finish();
+  return result;
+}
+
+bool Reflector::WaitBackoff() {
+  absl::Duration delay = backoff_.Next();
+  backoff_waits_.fetch_add(1);
+  const Clock* clock = options_.clock;
+  const bool real = dynamic_cast<const RealClock*>(clock) != nullptr;
+  absl::Time deadline = clock->Now() + delay;
+  absl::MutexLock l(&mu_);
+  while (!stop_requested_) {
+    absl::Duration left = deadline - clock->Now();
+    if (left <= absl::ZeroDuration()) return true;
+    mu_.AwaitWithTimeout(absl::Condition(&stop_requested_),
+                         real ? left : std::min(left, kClockPoll));
+  }
+  return false;
+}
+
+}  // namespace shardcache

@@ -1,0 +1,424 @@
+// Reflector against a real cache_server: list then watch, resume without a relist after the
+// server drops the stream, relist after "too old", NOT_FOUND is terminal, and backoff on the
+// Clock.
+
+#include "common/reflector.h"
+
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/lister_watcher.h"
+#include "common/object_key.h"
+#include "common/testing/server_process.h"
+#include "common/testing/status_matchers.h"
+
+namespace shardcache {
+namespace {
+
+using ::shardcache::testing::ServerProcess;
+using ::shardcache::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kWait = absl::Seconds(20);
+
+v1::GroupVersionResource Gvr(const std::string& group, const std::string& version,
+                             const std::string& resource) {
+  v1::GroupVersionResource gvr;
+  gvr.set_group(group);
+  gvr.set_version(version);
+  gvr.set_resource(resource);
+  return gvr;
+}
+
+const v1::GroupVersionResource kWidgets = Gvr("example.com", "v1", "widgets");
+
+// Polls `cond` every 10 ms until it holds or `timeout` passes.
+template <typename F>
+bool WaitFor(F cond, absl::Duration timeout = kWait) {
+  absl::Time deadline = absl::Now() + timeout;
+  while (!cond()) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
+std::unique_ptr<grpc::ClientContext> Context() {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  return ctx;
+}
+
+// A recording sink: the content it has been given, by name, and a log of what happened.
+class RecordingSink : public ReflectorSink {
+ public:
+  void Replace(std::vector<ObjectRef> objects, const std::string& rv) override {
+    absl::MutexLock l(&mu_);
+    content_.clear();
+    for (const ObjectRef& o : objects) content_[o->metadata().name()] = o;
+    log_.push_back(absl::StrCat("REPLACE ", objects.size(), "@", rv));
+    ++replaces_;
+  }
+  void Add(ObjectRef o) override { Record("ADD", o, false); }
+  void Update(ObjectRef o) override { Record("UPDATE", o, false); }
+  void Delete(ObjectRef o) override { Record("DELETE", o, true); }
+  void Bookmark(const std::string&) override {
+    absl::MutexLock l(&mu_);
+    ++bookmarks_;
+  }
+  void Stopped(const absl::Status& reason) override {
+    absl::MutexLock l(&mu_);
+    ++stopped_calls_;
+    stop_reason_ = reason;
+  }
+
+  // name -> resourceVersion of the content.
+  std::map<std::string, std::string> Content() const {
+    absl::MutexLock l(&mu_);
+    std::map<std::string, std::string> out;
+    for (const auto& [name, o] : content_) out[name] = o->metadata().resource_version();
+    return out;
+  }
+  std::vector<std::string> Log() const {
+    absl::MutexLock l(&mu_);
+    return log_;
+  }
+  int replaces() const {
+    absl::MutexLock l(&mu_);
+    return replaces_;
+  }
+  int bookmarks() const {
+    absl::MutexLock l(&mu_);
+    return bookmarks_;
+  }
+  int stopped_calls() const {
+    absl::MutexLock l(&mu_);
+    return stopped_calls_;
+  }
+  absl::Status stop_reason() const {
+    absl::MutexLock l(&mu_);
+    return stop_reason_;
+  }
+
+ private:
+  void Record(const char* what, const ObjectRef& o, bool deleted) {
+    absl::MutexLock l(&mu_);
+    if (deleted) {
+      content_.erase(o->metadata().name());
+    } else {
+      content_[o->metadata().name()] = o;
+    }
+    log_.push_back(absl::StrCat(what, " ", o->metadata().name()));
+  }
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, ObjectRef> content_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> log_ ABSL_GUARDED_BY(mu_);
+  int replaces_ ABSL_GUARDED_BY(mu_) = 0;
+  int bookmarks_ ABSL_GUARDED_BY(mu_) = 0;
+  int stopped_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status stop_reason_ ABSL_GUARDED_BY(mu_) = absl::OkStatus();
+};
+
+class ReflectorTest : public ::testing::Test {
+ protected:
+  void StartServer(std::vector<std::string> args) {
+    args.push_back("--bookmark-interval=200ms");
+    server_ = std::make_unique<ServerProcess>(testing::BinaryPath("cache_server/cache_server"),
+                                              std::move(args));
+    absl::Status started = server_->Start();
+    ASSERT_TRUE(started.ok()) << started;
+    Connect(server_->grpc_address());
+  }
+
+  // A channel that reconnects quickly after the server comes back.
+  void Connect(const std::string& address) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
+    channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    stub_ = std::shared_ptr<v1::Store::StubInterface>(v1::Store::NewStub(channel_));
+  }
+
+  void TearDown() override {
+    reflector_.reset();
+    if (server_ != nullptr && server_->Running()) {
+      EXPECT_EQ(server_->Stop(), 0);
+    }
+  }
+
+  // Small real-time backoff, so that tests reconnect quickly.
+  static Reflector::Options FastOptions() {
+    Reflector::Options o;
+    o.page_size = 2;
+    o.backoff.initial = absl::Milliseconds(50);
+    o.backoff.max = absl::Milliseconds(500);
+    o.backoff.reset_after = absl::Seconds(1);
+    return o;
+  }
+
+  void MakeReflector(const v1::GroupVersionResource& gvr, Reflector::Options options) {
+    auto lw = StoreListerWatcher::Create(stub_, gvr, {}, {});
+    ASSERT_TRUE(lw.ok()) << lw.status();
+    auto r = Reflector::Create(*std::move(lw), &sink_, options);
+    ASSERT_TRUE(r.ok()) << r.status();
+    reflector_ = *std::move(r);
+  }
+
+  v1::Object Put(const v1::GroupVersionResource& gvr, const std::string& name,
+                 const std::string& color = "red") {
+    v1::UpdateRequest req;
+    *req.mutable_resource() = gvr;
+    req.mutable_object()->mutable_metadata()->set_name(name);
+    (*req.mutable_object()->mutable_spec()->mutable_fields())["color"].set_string_value(color);
+    v1::Object out;
+    // Create, or replace when it exists (an Update without a resourceVersion).
+    v1::CreateRequest create;
+    *create.mutable_resource() = gvr;
+    *create.mutable_object() = req.object();
+    grpc::Status s = stub_->Create(Context().get(), create, &out);
+    if (s.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
+      s = stub_->Update(Context().get(), req, &out);
+    }
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return out;
+  }
+
+  void Remove(const v1::GroupVersionResource& gvr, const std::string& name) {
+    v1::DeleteRequest req;
+    *req.mutable_resource() = gvr;
+    req.set_name(name);
+    v1::DeleteResponse resp;
+    grpc::Status s = stub_->Delete(Context().get(), req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+  }
+
+  // name -> resourceVersion, as the server lists it now.
+  std::map<std::string, std::string> ServerContent(const v1::GroupVersionResource& gvr) {
+    v1::ListRequest req;
+    *req.mutable_resource() = gvr;
+    v1::ListResponse resp;
+    grpc::Status s = stub_->List(Context().get(), req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    std::map<std::string, std::string> out;
+    for (const v1::Object& o : resp.items())
+      out[o.metadata().name()] = o.metadata().resource_version();
+    return out;
+  }
+
+  std::unique_ptr<ServerProcess> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::shared_ptr<v1::Store::StubInterface> stub_;
+  RecordingSink sink_;
+  std::unique_ptr<Reflector> reflector_;
+};
+
+TEST_F(ReflectorTest, ListThenWatch_DeliversEverything) {
+  StartServer({});
+  for (int i = 0; i < 5; ++i) Put(kWidgets, absl::StrCat("w", i));  // three pages of two
+  MakeReflector(kWidgets, FastOptions());
+  reflector_->Start();
+  ASSERT_TRUE(WaitFor([&] { return reflector_->HasSynced(); }));
+  EXPECT_EQ(sink_.Content(), ServerContent(kWidgets));
+  EXPECT_EQ(sink_.Content().size(), 5u);
+
+  Put(kWidgets, "w5");
+  Put(kWidgets, "w0", "blue");
+  Remove(kWidgets, "w1");
+  std::map<std::string, std::string> want = ServerContent(kWidgets);
+  ASSERT_TRUE(WaitFor([&] { return sink_.Content() == want; }))
+      << ::testing::PrintToString(sink_.Log());
+  EXPECT_THAT(sink_.Log(),
+              ElementsAre(HasSubstr("REPLACE 5@"), "ADD w5", "UPDATE w0", "DELETE w1"));
+  EXPECT_EQ(reflector_->lists_started(), 1);
+  EXPECT_EQ(reflector_->watches_started(), 1);
+
+  // Bookmarks keep the last resourceVersion fresh.
+  ASSERT_TRUE(WaitFor([&] { return sink_.bookmarks() > 0; }));
+  reflector_->Stop();
+  EXPECT_TRUE(reflector_->IsStopped());
+  EXPECT_EQ(sink_.stopped_calls(), 1);
+  EXPECT_THAT(sink_.stop_reason(), StatusIs(absl::StatusCode::kCancelled));
+}
+
+TEST_F(ReflectorTest, Resume_AfterServerRestart_DoesNotRelist) {
+  StartServer({});
+  Put(kWidgets, "before");
+  MakeReflector(kWidgets, FastOptions());
+  reflector_->Start();
+  ASSERT_TRUE(WaitFor([&] { return reflector_->HasSynced(); }));
+  Put(kWidgets, "live");
+  ASSERT_TRUE(WaitFor([&] { return sink_.Content().count("live") > 0; }));
+  const int64_t watches_before = reflector_->watches_started();
+
+  // The server drops every watch on SIGTERM; it comes back on the same port with the same data.
+  ASSERT_EQ(server_->Stop(), 0);
+  ASSERT_TRUE(server_->Start().ok());
+  Put(kWidgets, "after-restart");
+  Put(kWidgets, "before", "green");
+
+  std::map<std::string, std::string> want = ServerContent(kWidgets);
+  ASSERT_TRUE(WaitFor([&] { return sink_.Content() == want; }))
+      << ::testing::PrintToString(sink_.Log());
+  EXPECT_EQ(reflector_->lists_started(), 1) << "the reflector listed again after a stream drop";
+  EXPECT_EQ(sink_.replaces(), 1);
+  EXPECT_GT(reflector_->watches_started(), watches_before);
+  EXPECT_THAT(sink_.Log(), ElementsAre(HasSubstr("REPLACE 1@"), "ADD live", "ADD after-restart",
+                                       "UPDATE before"));
+  EXPECT_FALSE(reflector_->IsStopped());
+}
+
+TEST_F(ReflectorTest, Relist_AfterTooOldResourceVersion) {
+  StartServer({"--history-events=5"});
+  Put(kWidgets, "keep");
+  Put(kWidgets, "gone");
+  FakeClock clock;
+  Reflector::Options options = FastOptions();
+  options.clock = &clock;  // the backoff wait only ends when the test moves the clock
+  options.backoff.jitter = 0;
+  MakeReflector(kWidgets, options);
+  reflector_->Start();
+  ASSERT_TRUE(WaitFor([&] { return reflector_->HasSynced(); }));
+
+  // Stop the server: the watch ends and the reflector waits out its backoff on the fake clock.
+  ASSERT_EQ(server_->Stop(), 0);
+  ASSERT_TRUE(WaitFor([&] { return reflector_->backoff_waits() >= 1; }));
+  ASSERT_TRUE(server_->Start().ok());
+  // Seven events while the reflector waits: its revision leaves the five-event history window.
+  Put(kWidgets, "keep", "blue");
+  Remove(kWidgets, "gone");
+  for (int i = 0; i < 5; ++i) Put(kWidgets, absl::StrCat("new", i));
+
+  // Move the clock until the reflector has listed again (a retry may meet the channel still
+  // reconnecting, and wait again on the clock).
+  ASSERT_TRUE(WaitFor([&] {
+    clock.Advance(absl::Minutes(1));
+    return reflector_->lists_started() >= 2;
+  }));
+  std::map<std::string, std::string> want = ServerContent(kWidgets);
+  ASSERT_TRUE(WaitFor([&] { return sink_.Content() == want; }))
+      << ::testing::PrintToString(sink_.Log());
+  EXPECT_EQ(reflector_->lists_started(), 2);
+  EXPECT_EQ(sink_.replaces(), 2);
+  EXPECT_EQ(want.count("gone"), 0u);
+  EXPECT_EQ(want.size(), 6u);
+  EXPECT_FALSE(reflector_->IsStopped());
+}
+
+TEST_F(ReflectorTest, NotFound_WhenTheDefinitionIsDeleted_StopsTheReflector) {
+  StartServer({"--role=shard"});
+  const v1::GroupVersionResource definitions =
+      Gvr("core.shardcache.io", "v1", "resourcedefinitions");
+  v1::CreateRequest def;
+  *def.mutable_resource() = definitions;
+  def.mutable_object()->mutable_metadata()->set_name("widgets.example.com");
+  auto& spec = *def.mutable_object()->mutable_spec()->mutable_fields();
+  spec["group"].set_string_value("example.com");
+  (*spec["names"].mutable_struct_value()->mutable_fields())["plural"].set_string_value("widgets");
+  spec["scope"].set_string_value("Cluster");
+  auto* version = spec["versions"].mutable_list_value()->add_values()->mutable_struct_value();
+  (*version->mutable_fields())["name"].set_string_value("v1");
+  (*version->mutable_fields())["served"].set_bool_value(true);
+  v1::Object out;
+  ASSERT_TRUE(stub_->Create(Context().get(), def, &out).ok());
+  Put(kWidgets, "w0");
+
+  MakeReflector(kWidgets, FastOptions());
+  reflector_->Start();
+  ASSERT_TRUE(WaitFor([&] { return reflector_->HasSynced(); }));
+  // A live event proves the watch is open: a watch that starts after the deletion gets
+  // NOT_FOUND at once, without the DELETED events.
+  Put(kWidgets, "w1");
+  ASSERT_TRUE(WaitFor([&] { return sink_.Content().count("w1") > 0; }));
+  v1::DeleteRequest del;
+  *del.mutable_resource() = definitions;
+  del.set_name("widgets.example.com");
+  v1::DeleteResponse deleted;
+  ASSERT_TRUE(stub_->Delete(Context().get(), del, &deleted).ok());
+
+  ASSERT_TRUE(WaitFor([&] { return reflector_->IsStopped(); }));
+  EXPECT_THAT(reflector_->StopReason(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no longer served")));
+  ASSERT_TRUE(WaitFor([&] { return sink_.stopped_calls() == 1; }));
+  EXPECT_THAT(sink_.stop_reason(), StatusIs(absl::StatusCode::kNotFound));
+  // The DELETED events come first.
+  EXPECT_THAT(sink_.Log(),
+              ElementsAre(HasSubstr("REPLACE 1@"), "ADD w1", "DELETE w0", "DELETE w1"));
+  EXPECT_EQ(reflector_->lists_started(), 1);
+  EXPECT_EQ(reflector_->backoff_waits(), 0);
+}
+
+TEST_F(ReflectorTest, NotFound_ForAnUndefinedResource_StopsWithoutRetrying) {
+  StartServer({"--role=shard"});
+  MakeReflector(kWidgets, FastOptions());
+  reflector_->Start();
+  ASSERT_TRUE(WaitFor([&] { return reflector_->IsStopped(); }));
+  EXPECT_THAT(reflector_->StopReason(), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_FALSE(reflector_->HasSynced());
+  EXPECT_EQ(reflector_->lists_started(), 1);
+  EXPECT_EQ(sink_.replaces(), 0);
+}
+
+TEST_F(ReflectorTest, Backoff_WaitsOnTheClock_AndStopInterruptsIt) {
+  // Nothing listens on this address: every List fails with UNAVAILABLE.
+  ServerProcess dead(testing::BinaryPath("cache_server/cache_server"), {});
+  ASSERT_TRUE(dead.Start().ok());
+  std::string address = dead.grpc_address();
+  ASSERT_EQ(dead.Stop(), 0);
+  Connect(address);
+
+  FakeClock clock;
+  Reflector::Options options = FastOptions();
+  options.clock = &clock;
+  options.backoff.initial = absl::Seconds(1);
+  options.backoff.max = absl::Seconds(4);
+  options.backoff.jitter = 0;
+  MakeReflector(kWidgets, options);
+  reflector_->Start();
+  ASSERT_TRUE(WaitFor([&] { return reflector_->backoff_waits() == 1; }));
+  EXPECT_EQ(reflector_->lists_started(), 1);
+  clock.Advance(absl::Seconds(1));  // the first delay: 1 s
+  ASSERT_TRUE(WaitFor([&] { return reflector_->backoff_waits() == 2; }));
+  EXPECT_EQ(reflector_->lists_started(), 2);
+  clock.Advance(absl::Seconds(2));  // then 2 s
+  ASSERT_TRUE(WaitFor([&] { return reflector_->backoff_waits() == 3; }));
+  EXPECT_EQ(reflector_->lists_started(), 3);
+
+  // Stop() ends the wait at once, although the clock does not move.
+  absl::Time start = absl::Now();
+  reflector_->Stop();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(sink_.stopped_calls(), 1);
+  EXPECT_THAT(sink_.stop_reason(), StatusIs(absl::StatusCode::kCancelled));
+  EXPECT_FALSE(reflector_->HasSynced());
+}
+
+TEST_F(ReflectorTest, Create_RejectsBadOptions) {
+  Connect("127.0.0.1:1");
+  auto lw = StoreListerWatcher::Create(stub_, kWidgets, {}, {});
+  ASSERT_TRUE(lw.ok());
+  Reflector::Options options;
+  options.backoff.initial = absl::ZeroDuration();
+  EXPECT_THAT(Reflector::Create(*std::move(lw), &sink_, options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("initial")));
+  ListWatchFilters bad;
+  bad.label_selector = "a in (";
+  EXPECT_THAT(StoreListerWatcher::Create(stub_, kWidgets, bad, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("labelSelector")));
+  EXPECT_THAT(StoreListerWatcher::Create(stub_, Gvr("example.com", "", "widgets"), {}, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("resource.version")));
+}
+
+}  // namespace
+}  // namespace shardcache
