@@ -129,12 +129,19 @@ void WatchCache::Dispatch(const Item& item) {
   if (item.event == nullptr) {
     auto it = watchers_.find(item.gone_resource);
     if (it == watchers_.end()) return;
-    for (Watcher* w : it->second) {
-      if ((item.gone_version.empty() || w->spec().version == item.gone_version) &&
-          w->spec().start_revision < item.gone_revision) {
-        w->End(item.gone_status);
+    // Ended watchers leave the set at once, so that nothing more is delivered to them.
+    for (auto w = it->second.begin(); w != it->second.end();) {
+      if ((item.gone_version.empty() || (*w)->spec().version == item.gone_version) &&
+          (*w)->spec().start_revision < item.gone_revision) {
+        (*w)->End(item.gone_status);
+        w = it->second.erase(w);
+        --watcher_count_;
+      } else {
+        ++w;
       }
     }
+    if (it->second.empty()) watchers_.erase(it);
+    metrics_->watchers.Set(static_cast<double>(watcher_count_));
     return;
   }
   const Event& e = *item.event;

@@ -109,8 +109,9 @@ TEST_F(WatchCacheTest, ResourceGone_EndsAfterEarlierEvents) {
   cache.Publish({MakeEvent(2, v1::WatchEvent::DELETED, "a", "web")});
   cache.PublishResourceGone("example.com/widgets", "", 2, absl::NotFoundError("gone"));
   EXPECT_THAT(w1.WaitFor(2), ElementsAre("DELETED a web", "END NOT_FOUND"));
-  EXPECT_EQ(cache.watcher_count(), 2u);
-  cache.Unregister(&w1);
+  // The ended watcher left; the other resource's watcher stays, untouched.
+  EXPECT_EQ(cache.watcher_count(), 1u);
+  cache.Unregister(&w1);  // a second removal is harmless
   cache.Unregister(&w2);
   EXPECT_TRUE(w2.WaitFor(0).empty());
 }
