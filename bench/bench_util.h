@@ -1,0 +1,122 @@
+// Helpers shared by store_bench's loads: the clock, latency summaries, readings of a process's
+// /proc status and of the disk (flushes, space, filesystem), channels, and the object that every
+// benchmark write carries.
+//
+// Thread-safety: every function is thread-safe (none keeps state).
+#ifndef SHARDCACHE_BENCH_BENCH_UTIL_H_
+#define SHARDCACHE_BENCH_BENCH_UTIL_H_
+
+#include <grpcpp/grpcpp.h>
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardcache/v1/store.pb.h"
+
+namespace shardcache::bench {
+
+// Nanoseconds on the steady clock. Only differences taken in one process mean anything.
+int64_t NowNanos();
+
+// Order statistics of a set of latencies, in milliseconds.
+struct LatencySummary {
+  int64_t count = 0;
+  double p50_ms = 0;
+  double p99_ms = 0;
+  double max_ms = 0;
+};
+
+// Summarizes `samples_ns` (nanoseconds; negative values allowed). Reorders the vector.
+LatencySummary Summarize(std::vector<int64_t>* samples_ns);
+
+// What /proc/<pid>/status and /proc/<pid>/stat say about a process at one moment.
+struct ProcStats {
+  bool ok = false;  // false: the process could not be read (gone, or no pid known)
+  int64_t threads = 0;
+  int64_t rss_kb = 0;      // VmRSS
+  int64_t hwm_kb = 0;      // VmHWM, the peak RSS so far
+  double cpu_seconds = 0;  // user + system time so far
+};
+
+// Reads the stats of process `pid`; pid 0 means this process. A pid < 0 gives !ok.
+ProcStats ReadProcStats(pid_t pid);
+
+// CPU seconds (user + system) used so far by each thread of process `pid` (0: this process),
+// by thread id; empty if the process cannot be read.
+std::map<pid_t, double> ReadThreadCpu(pid_t pid);
+
+// The thread that used the most CPU between two ReadThreadCpu readings taken `seconds` apart:
+// its average in cores, and its name (/proc/<pid>/task/<tid>/comm, read now), followed by "#k"
+// when k threads of that name were created before it (thread ids rise; wrap-around aside).
+struct BusiestThread {
+  double cores = 0;
+  std::string name;
+};
+BusiestThread FindBusiestThread(pid_t pid, const std::map<pid_t, double>& before,
+                                const std::map<pid_t, double>& after, double seconds);
+
+// CPU cores that a process used on average between two readings taken `seconds` apart.
+double CoresUsed(const ProcStats& before, const ProcStats& after, double seconds);
+
+// A channel to `target` that shares no connection with channels of other `index`es.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, int index);
+
+// The resource every benchmark object belongs to (the cache role serves any resource).
+v1::GroupVersionResource BenchResource();
+
+// A Create request for a small (about 300 bytes) object named after `run`, `client` and `seq`,
+// whose spec carries `run`, `seq` and `sent_ns` (the sender's NowNanos()) so that a watcher can
+// tell its latency.
+v1::CreateRequest MakeCreateRequest(const std::string& run, int client, int64_t seq,
+                                    int64_t sent_ns);
+
+// Adds a spec field "padding" of random text to `request` so that its object serializes to about
+// `object_bytes` bytes (within a few bytes; never less than it was). Random text, so that the
+// store's compression cannot shrink it away.
+void PadObject(v1::CreateRequest* request, int64_t object_bytes);
+
+// The fields MakeCreateRequest put in an object's spec; false if they are not all there.
+bool ParseBenchSpec(const v1::Object& object, std::string* run, int64_t* seq, int64_t* sent_ns);
+
+// Cache flushes (REQ_PREFLUSH requests, which fsync and fdatasync cause) that the block device
+// holding `path` has completed since boot, from /proc/diskstats (Linux 5.5 and later). The count
+// is for the whole device: other processes' syncs are in it too.
+struct DiskFlushes {
+  bool ok = false;     // false: the device was not found (tmpfs, overlay) or has no flush count
+  std::string device;  // e.g. "vda"
+  int64_t flushes = 0;
+};
+DiskFlushes ReadDiskFlushes(const std::string& path);
+
+// Space that the files under `path` use: allocated on disk (as du counts it) and their sizes.
+struct DiskUsage {
+  bool ok = false;
+  int64_t allocated_bytes = 0;
+  int64_t apparent_bytes = 0;
+  int64_t files = 0;
+};
+DiskUsage ReadDiskUsage(const std::string& path);
+
+// The type of the filesystem that holds `path` ("ext4", "xfs", "tmpfs", ... or the magic number
+// in hex), and its mount options from /proc/self/mounts where they can be found.
+std::string FilesystemDescription(const std::string& path);
+
+// The command line, quoted so that a shell runs it as it was given.
+std::string QuotedCommandLine(int argc, char** argv);
+
+// "1.23" for a count of milliseconds; "n/a" for a summary with no samples.
+std::string FormatMs(double ms, int64_t count = 1);
+
+// Mebibytes from kibibytes, "n/a" when !ok.
+std::string FormatMiB(int64_t kb, bool ok);
+
+// The load average over the last minute, from /proc/loadavg ("n/a" if it cannot be read).
+std::string LoadAverage();
+
+}  // namespace shardcache::bench
+
+#endif  // SHARDCACHE_BENCH_BENCH_UTIL_H_

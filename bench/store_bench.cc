@@ -1,0 +1,826 @@
+// store_bench: a load tool for cache_server's Store API.
+//
+//   --mode=write: closed-loop writers (unary Create, or creates pipelined on Write streams), one
+//     run per --clients value; reports writes/s and latency percentiles.
+//   --mode=watch: --watchers concurrent Watch streams under a paced write load; checks that every
+//     watcher received every event and reports delivery rate and latency, and the server's
+//     threads and memory before the watchers, with them idle, and at the end of the load.
+//   --mode=fsync: no server; how many syncs a second the disk allows (4 KiB written, then
+//     fdatasync or fsync, in a loop), in --fsync-dir (default: the build tree).
+//   --mode=startup: fills a server with --objects objects, stops it with SIGTERM, restarts it on
+//     the same data directory and reports how long start-up took, the server's own "loaded ..."
+//     log line, its memory after start-up, and the data directory's size.
+//
+// The tool starts its own cache_server on loopback ports (the one in the build tree unless
+// --server names another), with its data in a fresh temporary directory per server (removed when
+// the server stops, unless --keep-data), or loads --target. Every call has a deadline, so it
+// always ends. Its results go to stdout as Markdown, headed by the exact command line.
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "bench/bench_util.h"
+#include "bench/sync_load.h"
+#include "bench/watch_load.h"
+#include "bench/write_load.h"
+#include "common/flags.h"
+#include "common/testing/server_process.h"
+#include "shardcache/v1/store.grpc.pb.h"
+
+ABSL_FLAG(std::string, mode, "write",
+          "write: write throughput and latency; watch: fan-out; fsync: the disk's syncs per "
+          "second; startup: restart time with --objects objects");
+ABSL_FLAG(std::string, target, "",
+          "host:port of a running server to load; empty: start a cache_server on loopback");
+ABSL_FLAG(std::string, server, "", "the cache_server binary to start (default: the build tree's)");
+ABSL_FLAG(std::string, server_args, "",
+          "extra flags for the started server, separated by spaces (or commas before \"--\"), "
+          "e.g. --server-args=\"--sync=false --history-events=1000\"");
+ABSL_FLAG(bool, keep_data, false,
+          "keep each started server's data directory instead of removing it when the server stops");
+ABSL_FLAG(int, server_pid, -1, "with --target: the server's pid, for its /proc readings");
+ABSL_FLAG(bool, fresh_server, true,
+          "--mode=write without --target: start a new server for each --clients value");
+ABSL_FLAG(int, channels, 0,
+          "gRPC channels (connections) to spread the clients over; 0: min(clients, 8) for write, "
+          "16 for watch");
+ABSL_FLAG(
+    absl::Duration, duration, absl::ZeroDuration(),
+    "how long each run's load lasts (0: 10s for write and for each fsync row, 20s for watch)");
+ABSL_FLAG(absl::Duration, rpc_timeout, absl::Seconds(10), "deadline of each unary call");
+// --mode=write
+ABSL_FLAG(std::string, api, "unary", "--mode=write: unary (Create calls) or stream (Write stream)");
+ABSL_FLAG(std::vector<std::string>, clients, std::vector<std::string>({"1", "16", "64", "256"}),
+          "--mode=write: concurrent clients, one run per value");
+ABSL_FLAG(int, window, 64, "--api=stream: writes in flight per stream");
+ABSL_FLAG(int64_t, ops, 0, "--mode=write: if positive, end a run after this many writes");
+ABSL_FLAG(absl::Duration, warmup, absl::Seconds(1),
+          "--mode=write: writes in this first interval are not measured");
+// --mode=watch
+ABSL_FLAG(int, watchers, 1000, "--mode=watch: concurrent Watch streams");
+ABSL_FLAG(std::string, write_rate, "200/s", "--mode=watch: creates per second, e.g. 200/s");
+ABSL_FLAG(absl::Duration, setup_timeout, absl::Seconds(60),
+          "--mode=watch: how long the watchers may take to receive their initial bookmark");
+ABSL_FLAG(absl::Duration, idle, absl::Seconds(2),
+          "--mode=watch: how long the watchers stay idle before the idle reading");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
+          "--mode=watch: after the last write, how long the watchers may take to catch up");
+ABSL_FLAG(int, max_outstanding_writes, 1000, "--mode=watch: unanswered creates at most");
+// --mode=fsync
+ABSL_FLAG(std::string, fsync_dir, "",
+          "--mode=fsync: directory for the test file (default: the build tree, which is on the "
+          "same filesystem as the servers' data directories here)");
+ABSL_FLAG(int64_t, fsync_block_bytes, 4096, "--mode=fsync: bytes written before each sync");
+// --mode=startup
+ABSL_FLAG(int64_t, objects, 1000000, "--mode=startup: objects to fill the server with");
+ABSL_FLAG(int64_t, object_bytes, 1024,
+          "--mode=startup: size of each object as sent (serialized), padded with random text");
+ABSL_FLAG(int, fill_streams, 4, "--mode=startup: Write streams that fill the server");
+ABSL_FLAG(int, fill_window, 256, "--mode=startup: writes in flight per fill stream");
+ABSL_FLAG(absl::Duration, fill_timeout, absl::Minutes(30),
+          "--mode=startup: how long the fill may take at most");
+ABSL_FLAG(absl::Duration, start_timeout, absl::Minutes(5),
+          "--mode=startup: how long the server may take to start (write its port file)");
+ABSL_FLAG(int, restarts, 1, "--mode=startup: how many times to stop and restart the server");
+
+namespace shardcache::bench {
+namespace {
+
+struct Options {
+  enum class Mode { kWrite, kWatch, kFsync, kStartup };
+  Mode mode = Mode::kWrite;
+  // host:port to load; empty: start `server` on loopback.
+  std::string target;
+  // The cache_server binary to start, and extra flags for it.
+  std::string server;
+  std::vector<std::string> server_args;
+  // Keep a started server's data directory when it stops (default: remove it).
+  bool keep_data = false;
+  // The server's pid (-1: unknown); only set by flag with a target.
+  pid_t server_pid = -1;
+  // Write mode: a new server per client count.
+  bool fresh_server = true;
+  // Channels to spread the clients over; 0: automatic.
+  int channels = 0;
+  // Client counts, one run each (write mode).
+  std::vector<int> clients;
+  // The write load's shape; `clients` and `run_id` are set per run.
+  WriteLoadOptions write;
+  // The watch load's shape; `run_id` is set per run.
+  WatchLoadOptions watch;
+  // Fsync mode: the directory, block size and duration of each measurement; the sync call and
+  // the write pattern are set per row.
+  SyncLoadOptions sync;
+  // Startup mode.
+  struct Startup {
+    // Objects to fill the server with, and the size of each (as sent).
+    int64_t objects = 1000000;
+    int64_t object_bytes = 1024;
+    // Write streams and writes in flight per stream during the fill.
+    int fill_streams = 4;
+    int fill_window = 256;
+    // Bounds on the fill and on each start.
+    absl::Duration fill_timeout = absl::Minutes(30);
+    absl::Duration start_timeout = absl::Minutes(5);
+    // How many stop-and-restart cycles to measure.
+    int restarts = 1;
+  };
+  Startup startup;
+};
+
+// Splits --server-args into flags: at spaces, and at commas that start another flag (the older
+// comma-separated spelling, --server-args=--a=1,--b=2).
+std::vector<std::string> SplitServerArgs(const std::string& text) {
+  std::vector<std::string> args;
+  for (absl::string_view word : absl::StrSplit(text, absl::ByAnyChar(" \t\n"), absl::SkipEmpty())) {
+    size_t start = 0;
+    while (true) {
+      size_t comma = word.find(",--", start);
+      args.emplace_back(
+          word.substr(start, comma == absl::string_view::npos ? comma : comma - start));
+      if (comma == absl::string_view::npos) break;
+      start = comma + 1;
+    }
+  }
+  return args;
+}
+
+absl::StatusOr<Options> OptionsFromFlags() {
+  Options o;
+  std::string mode = absl::GetFlag(FLAGS_mode);
+  if (mode == "write") {
+    o.mode = Options::Mode::kWrite;
+  } else if (mode == "watch") {
+    o.mode = Options::Mode::kWatch;
+  } else if (mode == "fsync") {
+    o.mode = Options::Mode::kFsync;
+  } else if (mode == "startup") {
+    o.mode = Options::Mode::kStartup;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--mode: \"", mode, "\" (want write, watch, fsync or startup)"));
+  }
+  o.target = absl::GetFlag(FLAGS_target);
+  o.server = absl::GetFlag(FLAGS_server);
+  if (o.server.empty()) o.server = testing::BinaryPath("cache_server/cache_server");
+  o.server_args = SplitServerArgs(absl::GetFlag(FLAGS_server_args));
+  o.keep_data = absl::GetFlag(FLAGS_keep_data);
+  o.server_pid = absl::GetFlag(FLAGS_server_pid);
+  o.fresh_server = absl::GetFlag(FLAGS_fresh_server);
+  o.channels = absl::GetFlag(FLAGS_channels);
+  if (o.channels < 0) return absl::InvalidArgumentError("--channels: must not be negative");
+  absl::Duration duration = absl::GetFlag(FLAGS_duration);
+  if (duration < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--duration: must not be negative");
+  }
+  absl::Duration rpc_timeout = absl::GetFlag(FLAGS_rpc_timeout);
+  if (rpc_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--rpc-timeout: must be positive");
+  }
+
+  std::string api = absl::GetFlag(FLAGS_api);
+  if (api == "unary") {
+    o.write.api = WriteLoadOptions::Api::kUnary;
+  } else if (api == "stream") {
+    o.write.api = WriteLoadOptions::Api::kStream;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("--api: \"", api, "\" (want unary or stream)"));
+  }
+  for (const std::string& c : absl::GetFlag(FLAGS_clients)) {
+    int n = 0;
+    if (!absl::SimpleAtoi(c, &n) || n < 1 || n > 4096) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--clients: \"", c, "\" is not a count from 1 to 4096"));
+    }
+    o.clients.push_back(n);
+  }
+  if (o.clients.empty()) return absl::InvalidArgumentError("--clients: give at least one count");
+  o.write.window = absl::GetFlag(FLAGS_window);
+  if (o.write.window < 1) return absl::InvalidArgumentError("--window: must be at least 1");
+  o.write.ops = absl::GetFlag(FLAGS_ops);
+  o.write.warmup = absl::GetFlag(FLAGS_warmup);
+  if (o.write.warmup < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--warmup: must not be negative");
+  }
+  o.write.duration = duration == absl::ZeroDuration() ? absl::Seconds(10) : duration;
+  o.write.rpc_timeout = rpc_timeout;
+
+  o.watch.watchers = absl::GetFlag(FLAGS_watchers);
+  if (o.watch.watchers < 1 || o.watch.watchers > 100000) {
+    return absl::InvalidArgumentError("--watchers: must be from 1 to 100000");
+  }
+  absl::string_view rate = absl::GetFlag(FLAGS_write_rate);
+  absl::ConsumeSuffix(&rate, "/s");
+  if (!absl::SimpleAtod(rate, &o.watch.write_rate) || !(o.watch.write_rate > 0) ||
+      o.watch.write_rate > 100000) {
+    return absl::InvalidArgumentError("--write-rate: want a rate such as 200/s (at most 100000)");
+  }
+  o.watch.duration = duration == absl::ZeroDuration() ? absl::Seconds(20) : duration;
+  o.watch.setup_timeout = absl::GetFlag(FLAGS_setup_timeout);
+  o.watch.idle = absl::GetFlag(FLAGS_idle);
+  o.watch.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  o.watch.rpc_timeout = rpc_timeout;
+  o.watch.max_outstanding_writes = absl::GetFlag(FLAGS_max_outstanding_writes);
+  if (o.watch.max_outstanding_writes < 1) {
+    return absl::InvalidArgumentError("--max-outstanding-writes: must be at least 1");
+  }
+
+  o.sync.dir = absl::GetFlag(FLAGS_fsync_dir);
+  if (o.sync.dir.empty()) o.sync.dir = std::filesystem::path(testing::BinaryPath("")).parent_path();
+  o.sync.block_bytes = absl::GetFlag(FLAGS_fsync_block_bytes);
+  if (o.sync.block_bytes < 1 || o.sync.block_bytes > (16 << 20)) {
+    return absl::InvalidArgumentError("--fsync-block-bytes: must be from 1 to 16777216");
+  }
+  o.sync.duration = duration == absl::ZeroDuration() ? absl::Seconds(10) : duration;
+
+  o.startup.objects = absl::GetFlag(FLAGS_objects);
+  if (o.startup.objects < 1 || o.startup.objects > 100000000) {
+    return absl::InvalidArgumentError("--objects: must be from 1 to 100000000");
+  }
+  o.startup.object_bytes = absl::GetFlag(FLAGS_object_bytes);
+  if (o.startup.object_bytes < 0 || o.startup.object_bytes > (1 << 20)) {
+    return absl::InvalidArgumentError("--object-bytes: must be from 0 to 1048576");
+  }
+  o.startup.fill_streams = absl::GetFlag(FLAGS_fill_streams);
+  o.startup.fill_window = absl::GetFlag(FLAGS_fill_window);
+  if (o.startup.fill_streams < 1 || o.startup.fill_window < 1) {
+    return absl::InvalidArgumentError("--fill-streams, --fill-window: must be at least 1");
+  }
+  o.startup.fill_timeout = absl::GetFlag(FLAGS_fill_timeout);
+  o.startup.start_timeout = absl::GetFlag(FLAGS_start_timeout);
+  if (o.startup.fill_timeout <= absl::ZeroDuration() ||
+      o.startup.start_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--fill-timeout, --start-timeout: must be positive");
+  }
+  o.startup.restarts = absl::GetFlag(FLAGS_restarts);
+  if (o.startup.restarts < 1 || o.startup.restarts > 100) {
+    return absl::InvalidArgumentError("--restarts: must be from 1 to 100");
+  }
+  if (!o.target.empty() && o.mode == Options::Mode::kStartup) {
+    return absl::InvalidArgumentError("--mode=startup starts its own server: no --target");
+  }
+  return o;
+}
+
+std::string NewRunId() {
+  return absl::StrFormat("%x",
+                         static_cast<uint64_t>(absl::ToUnixMicros(absl::Now())) & 0xffffffffffULL);
+}
+
+std::string ErrorList(const std::map<std::string, int64_t>& errors) {
+  std::vector<std::string> parts;
+  for (const auto& [message, count] : errors) parts.push_back(absl::StrCat(count, "x ", message));
+  return absl::StrJoin(parts, "; ");
+}
+
+// The value of a --data-dir (or --data_dir) flag in `args`, or "".
+std::string DataDirArg(const std::vector<std::string>& args) {
+  for (const std::string& a : args) {
+    for (absl::string_view prefix : {"--data-dir=", "--data_dir="}) {
+      if (absl::StartsWith(a, prefix)) return a.substr(prefix.size());
+    }
+  }
+  return "";
+}
+
+// The last line of `log` that contains `needle`, from `needle` on; "" if there is none.
+std::string LastLogLine(const std::string& log, const std::string& needle) {
+  size_t at = log.rfind(needle);
+  if (at == std::string::npos) return "";
+  size_t end = log.find('\n', at);
+  return log.substr(at, end == std::string::npos ? std::string::npos : end - at);
+}
+
+// The server under load: one this tool started, or --target.
+class Server {
+ public:
+  explicit Server(const Options& options) : options_(options) {}
+  ~Server() { Stop(false); }
+
+  absl::Status Start(absl::Duration timeout = absl::Seconds(30)) {
+    if (!options_.target.empty()) return absl::OkStatus();
+    if (process_ == nullptr) {
+      process_ = std::make_unique<testing::ServerProcess>(options_.server, options_.server_args);
+    }
+    return process_->Start(timeout);
+  }
+  // Sends SIGTERM and waits for the process to exit; keeps its data directory for a restart.
+  // Returns the waitpid status, or -1 if it had to be killed.
+  int Terminate(absl::Duration grace = absl::Seconds(60)) {
+    if (process_ == nullptr) return -1;
+    return process_->Stop(grace);
+  }
+  // Stops a started server and removes its data directory (unless --keep-data, or the directory
+  // came from --server-args); prints the log's tail to stderr if `show_log`.
+  void Stop(bool show_log) {
+    if (process_ == nullptr) return;
+    if (show_log) {
+      std::string log = process_->Log();
+      if (log.size() > 4000) log = "..." + log.substr(log.size() - 4000);
+      std::cerr << "--- server log (tail) ---\n" << log << "---\n";
+    }
+    process_->Stop(absl::Seconds(60));
+    if (!options_.keep_data && DataDirArg(options_.server_args).empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(process_->data_dir(), ec);
+    }
+    process_.reset();
+  }
+  std::string address() const {
+    return process_ != nullptr ? process_->grpc_address() : options_.target;
+  }
+  pid_t pid() const {
+    if (process_ != nullptr) return process_->Running() ? process_->pid() : -1;
+    return options_.server_pid;
+  }
+  // Where the started server keeps its data; "" with --target.
+  std::string data_dir() const {
+    if (process_ == nullptr) return "";
+    std::string dir = DataDirArg(options_.server_args);
+    return dir.empty() ? process_->data_dir() : dir;
+  }
+  // The started server's stderr so far (every start's, in order); "" with --target.
+  std::string Log() const { return process_ != nullptr ? process_->Log() : ""; }
+
+ private:
+  const Options& options_;
+  std::unique_ptr<testing::ServerProcess> process_;
+};
+
+std::vector<std::shared_ptr<grpc::Channel>> Channels(const std::string& address, int count) {
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (int i = 0; i < count; ++i) channels.push_back(MakeChannel(address, i));
+  return channels;
+}
+
+std::string ServerDescription(const Options& o) {
+  if (o.mode == Options::Mode::kFsync) return "none (--mode=fsync measures the disk alone)";
+  if (!o.target.empty()) return absl::StrCat("--target=", o.target);
+  return absl::StrCat(
+      o.server, o.server_args.empty() ? "" : " ", absl::StrJoin(o.server_args, " "),
+      " on 127.0.0.1, started by the tool",
+      DataDirArg(o.server_args).empty()
+          ? absl::StrCat(", with --data-dir in a fresh temporary directory per server (",
+                         o.keep_data ? "kept" : "removed when it stops", ")")
+          : "");
+}
+
+int RunWrite(Options options) {
+  bool all_ok = true;
+  const char* api = options.write.api == WriteLoadOptions::Api::kStream ? "stream" : "unary";
+  std::cout
+      << "## Write load (api=" << api
+      << (options.write.api == WriteLoadOptions::Api::kStream
+              ? absl::StrCat(", window=", options.write.window)
+              : "")
+      << ")\n\n"
+      << "Each write creates a new object of "
+      << MakeCreateRequest("0123456789", 0, 0, 0).ByteSizeLong()
+      << " bytes (serialized CreateRequest). Warm-up " << absl::FormatDuration(options.write.warmup)
+      << ", then " << absl::FormatDuration(options.write.duration) << " measured"
+      << (options.write.ops > 0 ? absl::StrCat(" (or ", options.write.ops, " writes)") : "")
+      << (options.target.empty() && options.fresh_server ? "; a fresh server for each run" : "")
+      << ".\n\n"
+      << "| api | clients | channels | writes OK | errors | writes/s | p50 ms | p99 ms | "
+         "max ms | disk flushes/s | writes per flush | server CPU (cores) | busiest server "
+         "thread (cores) | client CPU (cores) | server threads | server RSS MiB | load avg "
+         "(1m) |\n"
+      << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+         "\n"
+      << std::flush;
+  std::unique_ptr<Server> server;
+  std::vector<std::string> notes;
+  std::string data_fs;  // the filesystem of the (first) server's data directory
+  for (int clients : options.clients) {
+    if (server == nullptr || (options.target.empty() && options.fresh_server)) {
+      if (server != nullptr) server->Stop(false);
+      server = std::make_unique<Server>(options);
+      if (absl::Status s = server->Start(); !s.ok()) {
+        std::cerr << "store_bench: cannot start the server: " << s.message() << "\n";
+        return 2;
+      }
+    }
+    WriteLoadOptions w = options.write;
+    w.clients = clients;
+    w.run_id = NewRunId();
+    w.server_pid = server->pid();
+    w.disk_path = server->data_dir();
+    if (data_fs.empty() && !w.disk_path.empty()) {
+      data_fs = absl::StrCat(w.disk_path, ": ", FilesystemDescription(w.disk_path));
+    }
+    int channels = options.channels > 0 ? options.channels : std::min(clients, 8);
+    WriteLoadResult r = RunWriteLoad(w, Channels(server->address(), channels));
+    bool flushes_ok = r.flushes_before.ok && r.flushes_after.ok && r.seconds > 0;
+    int64_t flushes = r.flushes_after.flushes - r.flushes_before.flushes;
+    std::cout
+        << absl::StrFormat(
+               "| %s | %d | %d | %d | %d | %.0f | %s | %s | %s | %s | %s | %.2f | %s | %.2f | %s "
+               "| %s | %s |\n",
+               api, clients, channels, r.ok, r.errors,
+               r.seconds > 0 ? static_cast<double>(r.ok) / r.seconds : 0.0,
+               FormatMs(r.latency.p50_ms, r.latency.count),
+               FormatMs(r.latency.p99_ms, r.latency.count),
+               FormatMs(r.latency.max_ms, r.latency.count),
+               flushes_ok ? absl::StrFormat("%.0f", static_cast<double>(flushes) / r.seconds)
+                          : std::string("n/a"),
+               flushes_ok && flushes > 0 ? absl::StrFormat("%.1f", static_cast<double>(r.ok) /
+                                                                       static_cast<double>(flushes))
+                                         : std::string("n/a"),
+               r.server_cores,
+               r.server_busiest.name.empty()
+                   ? std::string("n/a")
+                   : absl::StrFormat("%.2f (%s)", r.server_busiest.cores, r.server_busiest.name),
+               r.client_cores, r.server_end.ok ? absl::StrCat(r.server_end.threads) : "n/a",
+               FormatMiB(r.server_end.rss_kb, r.server_end.ok), LoadAverage())
+        << std::flush;
+    if (r.errors > 0 || !r.clean_exit || r.ok == 0) {
+      all_ok = false;
+      notes.push_back(absl::StrCat("clients=", clients, ": ", r.errors, " errors",
+                                   r.clean_exit ? "" : ", clients did not end in time",
+                                   r.error_samples.empty() ? "" : ": ",
+                                   ErrorList(r.error_samples)));
+    }
+  }
+  if (server != nullptr) server->Stop(!all_ok);
+  std::cout << "\nDisk flushes: cache flushes completed by the device that holds the server's "
+               "data directory ("
+            << (data_fs.empty() ? std::string("n/a with --target") : data_fs)
+            << "), from /proc/diskstats, during the measured interval. They count every "
+               "process's syncs on that device, not only the server's.\n\n";
+  for (const std::string& n : notes) std::cout << "- " << n << "\n";
+  return all_ok ? 0 : 1;
+}
+
+std::string ProcRow(const std::string& phase, const ProcStats& p) {
+  return absl::StrFormat("| %s | %s | %s | %s |\n", phase, p.ok ? absl::StrCat(p.threads) : "n/a",
+                         FormatMiB(p.rss_kb, p.ok), FormatMiB(p.hwm_kb, p.ok));
+}
+
+std::string LatencyCells(const LatencySummary& l) {
+  return absl::StrCat(FormatMs(l.p50_ms, l.count), " / ", FormatMs(l.p99_ms, l.count), " / ",
+                      FormatMs(l.max_ms, l.count));
+}
+
+int RunWatch(Options options) {
+  Server server(options);
+  if (absl::Status s = server.Start(); !s.ok()) {
+    std::cerr << "store_bench: cannot start the server: " << s.message() << "\n";
+    return 2;
+  }
+  WatchLoadOptions w = options.watch;
+  w.run_id = NewRunId();
+  w.server_pid = server.pid();
+  int channels = options.channels > 0 ? options.channels : 16;
+  std::string load_before = LoadAverage();
+  WatchLoadResult r = RunWatchLoad(w, Channels(server.address(), channels),
+                                   MakeChannel(server.address(), channels));
+  std::string load_after = LoadAverage();
+  server.Stop(!r.Verified() || r.writes_failed > 0);
+
+  std::cout
+      << "## Watch fan-out: " << w.watchers << " watchers, " << absl::StrFormat("%g", w.write_rate)
+      << " creates/s for " << absl::FormatDuration(w.duration) << "\n\n"
+      << "Watchers are gRPC callback reactors over " << channels
+      << " channels (no thread per stream); writes are unary Creates of "
+      << MakeCreateRequest("0123456789", 0, 0, 0).ByteSizeLong()
+      << "-byte objects on one more channel.\n\n"
+      << "| server | threads | VmRSS MiB | VmHWM MiB |\n|---|---:|---:|---:|\n"
+      << ProcRow("before the watchers", r.server_before)
+      << ProcRow(absl::StrCat(w.watchers, " watchers open, idle"), r.server_idle)
+      << ProcRow("end of the write load", r.server_end)
+      << absl::StrFormat("| peak during load and drain | %s | %s | |\n",
+                         r.server_peak_threads > 0 ? absl::StrCat(r.server_peak_threads) : "n/a",
+                         FormatMiB(r.server_peak_rss_kb, r.server_peak_threads > 0))
+      << "\n| measure | value |\n|---|---|\n"
+      << absl::StrFormat("| watchers with initial bookmark | %d of %d (%.2f s) |\n", r.synced,
+                         r.watchers, r.sync_seconds)
+      << absl::StrFormat("| creates OK / failed / planned | %d / %d / %d |\n", r.writes_ok,
+                         r.writes_failed, r.writes_planned)
+      << (r.writes_failed > 0
+              ? absl::StrFormat("| events of failed creates that watchers received anyway | %d "
+                                "(of %d watchers x %d failed creates) |\n",
+                                r.failed_writes_seen, r.watchers, r.writes_failed)
+              : std::string())
+      << absl::StrFormat(
+             "| write rate achieved | %.1f /s |\n",
+             r.write_seconds > 0 ? static_cast<double>(r.writes_ok) / r.write_seconds : 0.0)
+      << absl::StrFormat("| events received / expected | %d / %d |\n", r.events_received,
+                         r.events_expected)
+      << absl::StrFormat("| watchers that received every event | %d of %d |\n", r.watchers_complete,
+                         r.watchers)
+      << absl::StrFormat("| watch streams that ended early (not cancelled by the tool) | %d%s |\n",
+                         r.watchers_ended_early,
+                         r.early_end_reasons.empty()
+                             ? ""
+                             : absl::StrCat(" (", ErrorList(r.early_end_reasons), ")"))
+      << absl::StrFormat("| duplicate / out-of-order / unexpected events | %d / %d / %d |\n",
+                         r.duplicates, r.out_of_order, r.unexpected)
+      << absl::StrFormat("| delivered events/s (first send to last receipt) | %.0f |\n",
+                         r.delivery_seconds > 0
+                             ? static_cast<double>(r.events_received) / r.delivery_seconds
+                             : 0.0)
+      << "| drain after the last answer | "
+      << (r.watchers_ended_early == 0 ? absl::StrFormat("%.2f s", r.drain_seconds)
+                                      : std::string("n/a (watchers were ended)"))
+      << " |\n"
+      << "| delivery latency, write sent to receipt, p50 / p99 / max ms | "
+      << LatencyCells(r.send_to_receipt) << " |\n"
+      << "| delivery latency, write answered to receipt, p50 / p99 / max ms | "
+      << LatencyCells(r.ack_to_receipt) << " |\n"
+      << "| create latency (sent to answered), p50 / p99 / max ms | " << LatencyCells(r.write_ack)
+      << " |\n"
+      << absl::StrFormat("| CPU during load and drain, server / client | %.2f / %.2f cores |\n",
+                         r.server_cores, r.client_cores)
+      << "| busiest server thread, same interval | "
+      << (r.server_busiest.name.empty()
+              ? std::string("n/a")
+              : absl::StrFormat("%.2f cores (%s)", r.server_busiest.cores, r.server_busiest.name))
+      << " |\n"
+      << absl::StrFormat("| client (store_bench) threads idle / end | %s / %s |\n",
+                         r.client_idle.ok ? absl::StrCat(r.client_idle.threads) : "n/a",
+                         r.client_end.ok ? absl::StrCat(r.client_end.threads) : "n/a")
+      << "| load average (1m) before / after | " << load_before << " / " << load_after << " |\n"
+      << "| verified (every watcher got every event once, in order) | "
+      << (r.Verified() ? "yes" : "NO") << " |\n";
+  if (!r.write_errors.empty())
+    std::cout << "\nCreate errors: " << ErrorList(r.write_errors) << "\n";
+  return r.Verified() && r.writes_failed == 0 ? 0 : 1;
+}
+
+std::string FormatBytes(int64_t bytes) {
+  return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+}
+
+int RunFsync(const Options& options) {
+  const SyncLoadOptions& base = options.sync;
+  std::cout << "## Disk syncs\n\n"
+            << "Directory: " << base.dir << ", on " << FilesystemDescription(base.dir) << ".\n\n"
+            << "Each row: one thread writes " << base.block_bytes
+            << " bytes with pwrite, then calls the sync, in a loop, for "
+            << absl::FormatDuration(base.duration)
+            << "; the sync call alone is timed. \"append\" writes each block after the last "
+               "(as a write-ahead log does: the file grows, so each sync also commits the "
+               "filesystem's journal); \"overwrite\" rewrites one block in place. Device "
+               "flushes: cache flushes the disk completed meanwhile (/proc/diskstats, whole "
+               "device).\n\n"
+            << "| write | sync call | syncs | syncs/s | sync p50 ms | sync p99 ms | sync max ms | "
+               "write p50 ms | device flushes/s | flushes per sync | load avg (1m) |\n"
+            << "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+            << std::flush;
+  bool all_ok = true;
+  for (bool append : {true, false}) {
+    for (SyncLoadOptions::Call call :
+         {SyncLoadOptions::Call::kFdatasync, SyncLoadOptions::Call::kFsync}) {
+      SyncLoadOptions o = base;
+      o.append = append;
+      o.call = call;
+      const char* call_name = call == SyncLoadOptions::Call::kFsync ? "fsync" : "fdatasync";
+      absl::StatusOr<SyncLoadResult> r = RunSyncLoad(o);
+      if (!r.ok()) {
+        std::cerr << "store_bench: " << call_name << ": " << r.status().message() << "\n";
+        all_ok = false;
+        continue;
+      }
+      bool flushes_ok = r->flushes_before.ok && r->flushes_after.ok && r->seconds > 0;
+      int64_t flushes = r->flushes_after.flushes - r->flushes_before.flushes;
+      std::cout << absl::StrFormat(
+                       "| %s | %s | %d | %.0f | %s | %s | %s | %s | %s | %s | %s |\n",
+                       append ? "append" : "overwrite", call_name, r->syncs,
+                       r->seconds > 0 ? static_cast<double>(r->syncs) / r->seconds : 0.0,
+                       FormatMs(r->sync_latency.p50_ms, r->sync_latency.count),
+                       FormatMs(r->sync_latency.p99_ms, r->sync_latency.count),
+                       FormatMs(r->sync_latency.max_ms, r->sync_latency.count),
+                       absl::StrFormat("%.3f", r->write_latency.p50_ms),
+                       flushes_ok
+                           ? absl::StrFormat("%.0f", static_cast<double>(flushes) / r->seconds)
+                           : std::string("n/a"),
+                       flushes_ok && r->syncs > 0
+                           ? absl::StrFormat("%.2f", static_cast<double>(flushes) /
+                                                         static_cast<double>(r->syncs))
+                           : std::string("n/a"),
+                       LoadAverage())
+                << std::flush;
+    }
+  }
+  return all_ok ? 0 : 1;
+}
+
+// The serialized size of one object as the server stores it; -1 if it cannot be read.
+int64_t StoredObjectBytes(const std::string& address, const std::string& run_id,
+                          absl::Duration timeout) {
+  auto stub = v1::Store::NewStub(MakeChannel(address, 0));
+  // The first object of client 0 (MakeCreateRequest's naming).
+  v1::CreateRequest like = MakeCreateRequest(run_id, 0, 0, 0);
+  v1::GetRequest req;
+  *req.mutable_resource() = like.resource();
+  req.set_cluster(like.object().metadata().cluster());
+  req.set_namespace_(like.object().metadata().namespace_());
+  req.set_name(like.object().metadata().name());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  v1::Object object;
+  if (!stub->Get(&ctx, req, &object).ok()) return -1;
+  return static_cast<int64_t>(object.ByteSizeLong());
+}
+
+std::string ExitDescription(int status) {
+  if (status == -1) return "did not exit in time: killed";
+  if (WIFEXITED(status)) return absl::StrCat("exit status ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return absl::StrCat("killed by signal ", WTERMSIG(status));
+  return absl::StrCat("wait status ", status);
+}
+
+int RunStartup(const Options& options) {
+  const Options::Startup& st = options.startup;
+  Server server(options);
+  int64_t t0 = NowNanos();
+  if (absl::Status s = server.Start(st.start_timeout); !s.ok()) {
+    std::cerr << "store_bench: cannot start the server: " << s.message() << "\n";
+    return 2;
+  }
+  double empty_start = static_cast<double>(NowNanos() - t0) / 1e9;
+  const std::string data_dir = server.data_dir();
+
+  // Fill it.
+  WriteLoadOptions w;
+  w.api = WriteLoadOptions::Api::kStream;
+  w.clients = st.fill_streams;
+  w.window = st.fill_window;
+  w.warmup = absl::ZeroDuration();
+  w.duration = st.fill_timeout;
+  w.total_writes = st.objects;
+  w.object_bytes = st.object_bytes;
+  w.rpc_timeout = options.write.rpc_timeout;
+  w.run_id = NewRunId();
+  w.server_pid = server.pid();
+  w.disk_path = data_dir;
+  v1::CreateRequest sample = MakeCreateRequest(w.run_id, 0, 0, 0);
+  PadObject(&sample, st.object_bytes);
+  std::string load_before = LoadAverage();
+  WriteLoadResult fill = RunWriteLoad(w, Channels(server.address(), std::min(st.fill_streams, 8)));
+  ProcStats filled = ReadProcStats(server.pid());
+  int64_t stored_bytes = StoredObjectBytes(server.address(), w.run_id, options.write.rpc_timeout);
+  bool flushes_ok = fill.flushes_before.ok && fill.flushes_after.ok && fill.seconds > 0;
+  int64_t flushes = fill.flushes_after.flushes - fill.flushes_before.flushes;
+  bool all_ok = fill.errors == 0 && fill.clean_exit && fill.ok == st.objects;
+
+  std::cout
+      << "## Start-up with " << st.objects << " objects\n\n"
+      << "Data directory: " << data_dir << ", on " << FilesystemDescription(data_dir) << ".\n\n"
+      << "### Fill\n\n"
+      << "| measure | value |\n|---|---|\n"
+      << absl::StrFormat("| empty server: process start to port file | %.3f s |\n", empty_start)
+      << absl::StrFormat(
+             "| object size, as sent / as stored (serialized Object) | %d / %s bytes |\n",
+             static_cast<int64_t>(sample.object().ByteSizeLong()),
+             stored_bytes >= 0 ? absl::StrCat(stored_bytes) : std::string("n/a"))
+      << absl::StrFormat("| fill | %d Write streams, window %d |\n", st.fill_streams,
+                         st.fill_window)
+      << absl::StrFormat("| creates OK / errors / sent | %d / %d / %d |\n", fill.ok, fill.errors,
+                         fill.sent)
+      << absl::StrFormat("| fill time, writes/s | %.1f s, %.0f /s |\n", fill.seconds,
+                         fill.seconds > 0 ? static_cast<double>(fill.ok) / fill.seconds : 0)
+      << "| write latency p50 / p99 / max ms | "
+      << FormatMs(fill.latency.p50_ms, fill.latency.count) << " / "
+      << FormatMs(fill.latency.p99_ms, fill.latency.count) << " / "
+      << FormatMs(fill.latency.max_ms, fill.latency.count) << " |\n"
+      << "| disk flushes/s, writes per flush | "
+      << (flushes_ok
+              ? absl::StrFormat(
+                    "%.0f, %.1f", static_cast<double>(flushes) / fill.seconds,
+                    flushes > 0 ? static_cast<double>(fill.ok) / static_cast<double>(flushes) : 0.0)
+              : std::string("n/a"))
+      << " |\n"
+      << absl::StrFormat("| CPU during the fill, server / client | %.2f / %.2f cores |\n",
+                         fill.server_cores, fill.client_cores)
+      << "| server after the fill: threads, VmRSS, VmHWM | "
+      << (filled.ok ? absl::StrCat(filled.threads, ", ", FormatMiB(filled.rss_kb, true), " MiB, ",
+                                   FormatMiB(filled.hwm_kb, true), " MiB")
+                    : std::string("n/a"))
+      << " |\n"
+      << "| load average (1m) before / after | " << load_before << " / " << LoadAverage()
+      << " |\n\n"
+      << std::flush;
+  if (!all_ok) {
+    std::cout << "The fill did not complete"
+              << (fill.error_samples.empty() ? ""
+                                             : absl::StrCat(": ", ErrorList(fill.error_samples)))
+              << "\n";
+    server.Stop(true);
+    return 1;
+  }
+
+  std::cout << "### Stop and restart\n\n"
+            << "Stop: SIGTERM until the process exits. Start: from fork to the port file's "
+               "appearance (polled every 20 ms), as ServerProcess::Start times it. Memory: "
+               "/proc/<pid>/status at that moment and 2 s later. The \"loaded\" line is the "
+               "server's own log.\n\n"
+            << "| restart | stop time | stop | data dir on disk (allocated / apparent, files) | "
+               "start time | server log | threads | VmRSS MiB at start / 2 s later | VmHWM MiB | "
+               "load avg (1m) |\n"
+            << "|---:|---:|---|---|---:|---|---:|---:|---:|---:|\n"
+            << std::flush;
+  for (int i = 1; i <= st.restarts; ++i) {
+    int64_t stop_start = NowNanos();
+    int status = server.Terminate();
+    double stop_seconds = static_cast<double>(NowNanos() - stop_start) / 1e9;
+    bool stopped_ok = status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    DiskUsage usage = ReadDiskUsage(data_dir);
+    int64_t start = NowNanos();
+    absl::Status started = server.Start(st.start_timeout);
+    double start_seconds = static_cast<double>(NowNanos() - start) / 1e9;
+    if (!started.ok()) {
+      std::cout << "\nRestart " << i << " failed: " << started.message() << "\n";
+      server.Stop(true);
+      return 1;
+    }
+    ProcStats at_start = ReadProcStats(server.pid());
+    absl::SleepFor(absl::Seconds(2));
+    ProcStats later = ReadProcStats(server.pid());
+    std::string loaded = LastLogLine(server.Log(), "loaded ");
+    int64_t loaded_objects = -1;
+    {
+      std::vector<absl::string_view> words = absl::StrSplit(loaded, ' ');
+      if (words.size() > 1) (void)absl::SimpleAtoi(words[1], &loaded_objects);
+    }
+    all_ok = all_ok && stopped_ok && loaded_objects == st.objects;
+    std::cout
+        << absl::StrFormat(
+               "| %d | %.3f s | %s | %s / %s, %d | %.3f s | `%s` | %s | %s / %s | %s | %s |\n", i,
+               stop_seconds, ExitDescription(status),
+               usage.ok ? FormatBytes(usage.allocated_bytes) : "n/a",
+               usage.ok ? FormatBytes(usage.apparent_bytes) : "n/a", usage.files, start_seconds,
+               loaded.empty() ? "(none)" : loaded,
+               at_start.ok ? absl::StrCat(at_start.threads) : "n/a",
+               FormatMiB(at_start.rss_kb, at_start.ok), FormatMiB(later.rss_kb, later.ok),
+               FormatMiB(later.hwm_kb, later.ok), LoadAverage())
+        << std::flush;
+  }
+  std::cout << "\nVerified (every restart exited 0 on SIGTERM and loaded all " << st.objects
+            << " objects): " << (all_ok ? "yes" : "NO") << "\n";
+  server.Stop(!all_ok);
+  return all_ok ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace shardcache::bench
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "load a shardcache Store server.\n\n"
+      "  store_bench --mode=write --clients=1,16,64 --duration=10s [--api=stream --window=64]\n"
+      "  store_bench --mode=watch --watchers=1000 --write-rate=200/s --duration=20s\n"
+      "  store_bench --mode=fsync --duration=10s [--fsync-dir=DIR]\n"
+      "  store_bench --mode=startup --objects=1000000 --object-bytes=1024\n\n"
+      "Without --target it starts a cache_server on 127.0.0.1 itself, with its data in a fresh\n"
+      "temporary directory; --server-args=\"--sync=false ...\" passes flags to it.");
+  // Debian builds Abseil without NDEBUG, which leaves absl::Mutex's deadlock detection on: every
+  // lock then takes a process-wide lock. The load generator should not pay for that.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  std::string command = shardcache::bench::QuotedCommandLine(argc, argv);
+  absl::ParseCommandLine(argc, shardcache::NormalizeFlagNames(argc, argv));
+  absl::StatusOr<shardcache::bench::Options> options = shardcache::bench::OptionsFromFlags();
+  if (!options.ok()) {
+    std::cerr << "store_bench: " << options.status().message() << "\n";
+    return 2;
+  }
+  std::cout << "# store_bench\n\nCommand: `" << command << "`\n\n"
+            << "Server: " << shardcache::bench::ServerDescription(*options) << "\n\n"
+            << "Machine: " << sysconf(_SC_NPROCESSORS_ONLN) << " CPUs online; load average (1m) "
+            << shardcache::bench::LoadAverage() << " at start.\n\n"
+            << std::flush;
+  switch (options->mode) {
+    case shardcache::bench::Options::Mode::kWrite:
+      return shardcache::bench::RunWrite(*std::move(options));
+    case shardcache::bench::Options::Mode::kWatch:
+      return shardcache::bench::RunWatch(*std::move(options));
+    case shardcache::bench::Options::Mode::kFsync:
+      return shardcache::bench::RunFsync(*options);
+    case shardcache::bench::Options::Mode::kStartup:
+      return shardcache::bench::RunStartup(*options);
+  }
+  return 2;
+}
