@@ -18,11 +18,14 @@
 #include "absl/time/clock.h"
 #include "common/lister_watcher.h"
 #include "common/object_key.h"
+#include "common/testing/objects.h"
 #include "common/testing/server_process.h"
 #include "common/testing/status_matchers.h"
 
 namespace shardcache {
 namespace {
+
+using ::shardcache::testing::Gvr;
 
 using ::shardcache::testing::ServerProcess;
 using ::shardcache::testing::StatusIs;
@@ -30,15 +33,6 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 constexpr absl::Duration kWait = absl::Seconds(20);
-
-v1::GroupVersionResource Gvr(const std::string& group, const std::string& version,
-                             const std::string& resource) {
-  v1::GroupVersionResource gvr;
-  gvr.set_group(group);
-  gvr.set_version(version);
-  gvr.set_resource(resource);
-  return gvr;
-}
 
 const v1::GroupVersionResource kWidgets = Gvr("example.com", "v1", "widgets");
 

@@ -20,11 +20,14 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/lister_watcher.h"
+#include "common/testing/objects.h"
 #include "common/testing/server_process.h"
 #include "common/testing/status_matchers.h"
 
 namespace shardcache {
 namespace {
+
+using ::shardcache::testing::Gvr;
 
 using ::shardcache::testing::IsOk;
 using ::shardcache::testing::ServerProcess;
@@ -36,15 +39,6 @@ using ::testing::Not;
 using ::testing::UnorderedElementsAre;
 
 constexpr absl::Duration kWait = absl::Seconds(20);
-
-v1::GroupVersionResource Gvr(const std::string& group, const std::string& version,
-                             const std::string& resource) {
-  v1::GroupVersionResource gvr;
-  gvr.set_group(group);
-  gvr.set_version(version);
-  gvr.set_resource(resource);
-  return gvr;
-}
 
 const v1::GroupVersionResource kWidgets = Gvr("example.com", "v1", "widgets");
 const v1::GroupVersionResource kDefinitions =

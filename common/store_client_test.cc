@@ -34,29 +34,6 @@ using ::shardcache::testing::StatusIs;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-// Sends SIGSTOP and waits until the kernel reports every thread of the process stopped (kill
-// only queues the signal: a request sent right after it could still be served).
-bool PauseServer(ServerProcess* server) {
-  server->Signal(SIGSTOP);
-  std::string tasks = absl::StrCat("/proc/", server->pid(), "/task");
-  absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < deadline) {
-    bool all_stopped = true;
-    std::error_code ec;
-    for (const auto& task : std::filesystem::directory_iterator(tasks, ec)) {
-      std::ifstream in(task.path() / "stat");
-      std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      size_t paren = stat.rfind(')');  // "tid (comm) state ..."
-      if (paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'T') {
-        all_stopped = false;
-      }
-    }
-    if (!ec && all_stopped) return true;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return false;
-}
-
 v1::GroupVersionResource Widgets() {
   v1::GroupVersionResource gvr;
   gvr.set_group("example.com");
@@ -296,7 +273,7 @@ TEST_F(StoreClientTest, Get_ServerPaused_FailsWithDeadlineExceededWithinItsDeadl
   ASSERT_NE(client, nullptr);
   ASSERT_THAT(client->Create(CreateReq(Widget("w1"))), IsOk());
 
-  ASSERT_TRUE(PauseServer(server_.get()));
+  ASSERT_TRUE(server_->Pause());
   absl::Time start = absl::Now();
   absl::StatusOr<v1::Object> got = client->Get(GetReq("w1"));
   absl::Duration took = absl::Now() - start;
@@ -324,7 +301,7 @@ TEST_F(StoreClientTest, Get_AttemptTimeout_RetriesWithinTheCallDeadline) {
   ASSERT_THAT(client->Create(CreateReq(Widget("w1"))), IsOk());
 
   // Paused: attempts time out and are retried; resumed: the next attempt succeeds.
-  ASSERT_TRUE(PauseServer(server_.get()));
+  ASSERT_TRUE(server_->Pause());
   absl::StatusOr<v1::Object> got;
   std::thread reader([&] { got = client->Get(GetReq("w1")); });
   absl::SleepFor(absl::Seconds(1));  // several attempts' worth of a pause

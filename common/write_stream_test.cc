@@ -38,29 +38,6 @@ constexpr int kFailedPrecondition = static_cast<int>(absl::StatusCode::kFailedPr
 constexpr int kUnavailable = static_cast<int>(absl::StatusCode::kUnavailable);
 constexpr int kCancelled = static_cast<int>(absl::StatusCode::kCancelled);
 
-// Sends SIGSTOP and waits until the kernel reports every thread of the process stopped (kill
-// only queues the signal: a request sent right after it could still be served).
-bool PauseServer(ServerProcess* server) {
-  server->Signal(SIGSTOP);
-  std::string tasks = absl::StrCat("/proc/", server->pid(), "/task");
-  absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < deadline) {
-    bool all_stopped = true;
-    std::error_code ec;
-    for (const auto& task : std::filesystem::directory_iterator(tasks, ec)) {
-      std::ifstream in(task.path() / "stat");
-      std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      size_t paren = stat.rfind(')');  // "tid (comm) state ..."
-      if (paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'T') {
-        all_stopped = false;
-      }
-    }
-    if (!ec && all_stopped) return true;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return false;
-}
-
 v1::GroupVersionResource Widgets() {
   v1::GroupVersionResource gvr;
   gvr.set_group("example.com");
@@ -262,7 +239,7 @@ TEST_F(WriteStreamTest, ServerKilled_OutstandingAnsweredUnavailableOnce_ThenReop
   }
   ASSERT_TRUE(answers.WaitFor(20));
   // Paused, the server answers nothing: these stay outstanding until it is killed.
-  ASSERT_TRUE(PauseServer(server_.get()));
+  ASSERT_TRUE(server_->Pause());
   for (int i = 20; i < 50; ++i) {
     ASSERT_THAT(stream->Send(Upsert("w", i), answers.Callback()), IsOk());
   }
@@ -323,7 +300,7 @@ TEST_F(WriteStreamTest, WindowFull_TrySendExhausted_SendTimesOut) {
   auto stream = Open(options);
   ASSERT_NE(stream, nullptr);
   Answers answers;
-  ASSERT_TRUE(PauseServer(server_.get()));
+  ASSERT_TRUE(server_->Pause());
   for (int i = 0; i < 4; ++i) {
     ASSERT_THAT(stream->TrySend(Upsert("w", i), answers.Callback()), IsOk());
   }
@@ -350,7 +327,7 @@ TEST_F(WriteStreamTest, Cancel_OutstandingAnsweredCancelled) {
   auto stream = Open();
   ASSERT_NE(stream, nullptr);
   Answers answers;
-  ASSERT_TRUE(PauseServer(server_.get()));
+  ASSERT_TRUE(server_->Pause());
   for (int i = 0; i < 10; ++i) {
     ASSERT_THAT(stream->Send(Upsert("w", i), answers.Callback()), IsOk());
   }
@@ -367,7 +344,7 @@ TEST_F(WriteStreamTest, Close_ServerPaused_TimesOutAndCancels) {
   auto stream = Open();
   ASSERT_NE(stream, nullptr);
   Answers answers;
-  ASSERT_TRUE(PauseServer(server_.get()));
+  ASSERT_TRUE(server_->Pause());
   ASSERT_THAT(stream->Send(Upsert("w", 1), answers.Callback()), IsOk());
   EXPECT_THAT(stream->Close(absl::Milliseconds(300)),
               StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("1 writes unanswered")));
@@ -384,7 +361,7 @@ TEST_F(WriteStreamTest, Destroyed_WithoutClose_AnswersEveryWrite) {
   {
     auto stream = Open();
     ASSERT_NE(stream, nullptr);
-    ASSERT_TRUE(PauseServer(server_.get()));
+    ASSERT_TRUE(server_->Pause());
     for (int i = 0; i < 5; ++i) {
       ASSERT_THAT(stream->Send(Upsert("w", i), answers.Callback()), IsOk());
     }

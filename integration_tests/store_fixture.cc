@@ -10,15 +10,6 @@ std::string ToJson(const google::protobuf::Message& m) {
   return out;
 }
 
-v1::GroupVersionResource Gvr(const std::string& group, const std::string& version,
-                             const std::string& resource) {
-  v1::GroupVersionResource gvr;
-  gvr.set_group(group);
-  gvr.set_version(version);
-  gvr.set_resource(resource);
-  return gvr;
-}
-
 v1::GroupVersionResource DefinitionGvr() {
   return Gvr("core.shardcache.io", "v1", "resourcedefinitions");
 }

@@ -15,6 +15,7 @@
 
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/testing/objects.h"
 #include "common/testing/server_process.h"
 #include "shardcache/v1/store.grpc.pb.h"
 
@@ -26,8 +27,6 @@ M FromJson(absl::string_view json);
 // Renders a message as one-line JSON.
 std::string ToJson(const google::protobuf::Message& m);
 
-v1::GroupVersionResource Gvr(const std::string& group, const std::string& version,
-                             const std::string& resource);
 // The built-in ResourceDefinition resource, core.shardcache.io/v1 resourcedefinitions.
 v1::GroupVersionResource DefinitionGvr();
 // A ResourceDefinition for `plural`.`group`, served in `versions`.

@@ -107,6 +107,27 @@ void ServerProcess::Signal(int sig) {
   if (pid_ > 0) kill(pid_, sig);
 }
 
+bool ServerProcess::Pause() {
+  Signal(SIGSTOP);
+  std::string tasks = absl::StrCat("/proc/", pid_, "/task");
+  absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline) {
+    bool all_stopped = true;
+    std::error_code ec;
+    for (const auto& task : std::filesystem::directory_iterator(tasks, ec)) {
+      std::ifstream in(task.path() / "stat");
+      std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      size_t paren = stat.rfind(')');  // "tid (comm) state ..."
+      if (paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'T') {
+        all_stopped = false;
+      }
+    }
+    if (!ec && all_stopped) return true;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return false;
+}
+
 int ServerProcess::Wait(absl::Duration timeout) {
   if (pid_ <= 0) return -1;
   absl::Time deadline = absl::Now() + timeout;

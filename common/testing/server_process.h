@@ -41,6 +41,10 @@ class ServerProcess {
   int Stop(absl::Duration grace = absl::Seconds(15));
   // Sends a signal without waiting (e.g. SIGKILL, SIGSTOP, SIGCONT).
   void Signal(int sig);
+  // Sends SIGSTOP and waits (up to 10 s) until every thread of the process is stopped, so that
+  // not even a request already being read is served. Returns false if they did not all stop.
+  // Resume with Signal(SIGCONT).
+  bool Pause();
   // Waits for the process to exit by itself; returns the waitpid status or -1 on timeout.
   int Wait(absl::Duration timeout);
   bool Running() const { return pid_ > 0; }
