@@ -1,6 +1,6 @@
 // WatchCache: fans the store's events out to its watchers, in revision order, off the write path.
 //
-// The ObjectStore publishes each committed event (under its write lock, so in revision order);
+// The ObjectStore's committer thread publishes each event once it is durable, in revision order;
 // a single dispatcher thread delivers them to every watcher of the event's resource whose
 // filters the object matches before or after the change. An update that makes an object stop
 // matching is delivered as DELETED, one that makes it start matching as ADDED (as Kubernetes'
