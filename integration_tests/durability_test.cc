@@ -38,6 +38,7 @@
 #include "common/grpc_status.h"
 #include "common/testing/server_process.h"
 #include "common/testing/status_matchers.h"
+#include "integration_tests/refuse_to_start.h"
 #include "integration_tests/store_fixture.h"
 
 namespace shardcache::testing {
@@ -70,13 +71,6 @@ std::string Summary(const v1::WatchEvent& e) {
   }
   return absl::StrCat(v1::WatchEvent::Type_Name(e.type()), " ", e.object().metadata().name(), "@",
                       e.object().metadata().resource_version());
-}
-
-std::string DescribeWaitStatus(int status) {
-  if (status == -1) return "did not exit in time";
-  if (WIFEXITED(status)) return absl::StrCat("exited with code ", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return absl::StrCat("killed by signal ", WTERMSIG(status));
-  return absl::StrCat("wait status ", status);
 }
 
 // One Watch stream, read by its own thread into a queue so that the test can wait for events
@@ -656,78 +650,6 @@ TEST_F(DurabilityTest, SyncFalse_WritesSurviveSigkill) {
 }
 
 // ---- refusing a damaged or busy data directory ----
-
-struct RunResult {
-  int wait_status = -1;  // -1: it did not exit by itself
-  std::string stderr_text;
-  bool wrote_port_file = false;
-};
-
-// Runs cache_server with `args` (after --listen=127.0.0.1:0 --http-listen=127.0.0.1:0
-// --port-file=...) until it exits, for at most `timeout`; a server that starts instead is killed
-// (and the result says it did not exit).
-RunResult RunCacheServer(const std::vector<std::string>& args,
-                         absl::Duration timeout = absl::Seconds(10)) {
-  std::string dir = MakeTempDir("refuse");
-  std::string port_file = dir + "/ports";
-  std::string log = dir + "/stderr.log";
-  std::vector<std::string> argv = {BinaryPath("cache_server/cache_server"), "--listen=127.0.0.1:0",
-                                   "--http-listen=127.0.0.1:0", "--port-file=" + port_file};
-  argv.insert(argv.end(), args.begin(), args.end());
-  pid_t pid = fork();
-  if (pid == 0) {
-    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) dup2(fd, STDERR_FILENO);
-    std::vector<char*> cargv;
-    for (auto& a : argv) cargv.push_back(a.data());
-    cargv.push_back(nullptr);
-    execv(cargv[0], cargv.data());
-    _exit(127);
-  }
-  RunResult r;
-  absl::Time deadline = absl::Now() + timeout;
-  while (pid > 0) {
-    int status = 0;
-    if (waitpid(pid, &status, WNOHANG) == pid) {
-      r.wait_status = status;
-      break;
-    }
-    struct stat st;
-    if (absl::Now() >= deadline || stat(port_file.c_str(), &st) == 0) {
-      // Serving, or hung: either way it did not refuse.
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      break;
-    }
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  struct stat st;
-  r.wrote_port_file = stat(port_file.c_str(), &st) == 0;
-  std::ifstream in(log);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  r.stderr_text = ss.str();
-  return r;
-}
-
-// Checks that a run refused to start: a non-zero exit, no port file, and a stderr line that
-// starts "cache_server: refusing to start:" and mentions each of `mentions`.
-void ExpectRefused(const RunResult& r, const std::vector<std::string>& mentions) {
-  EXPECT_TRUE(r.wait_status != -1 && WIFEXITED(r.wait_status) && WEXITSTATUS(r.wait_status) != 0)
-      << "it did not refuse to start: " << DescribeWaitStatus(r.wait_status) << "; stderr:\n"
-      << r.stderr_text;
-  EXPECT_FALSE(r.wrote_port_file) << "it reported ports as if serving";
-  bool found = false;
-  for (absl::string_view line : absl::StrSplit(r.stderr_text, '\n')) {
-    if (absl::StartsWith(line, "cache_server: refusing to start:")) {
-      found = true;
-      std::cout << "  " << line << std::endl;
-      for (const std::string& m : mentions) EXPECT_THAT(std::string(line), HasSubstr(m));
-    }
-  }
-  EXPECT_TRUE(found) << "no line starting \"cache_server: refusing to start:\" in stderr:\n"
-                     << r.stderr_text;
-}
 
 std::vector<std::string> FilesIn(const std::string& dir) {
   std::vector<std::string> out;

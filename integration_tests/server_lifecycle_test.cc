@@ -32,6 +32,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/testing/server_process.h"
+#include "integration_tests/refuse_to_start.h"
 #include "integration_tests/store_fixture.h"
 
 namespace shardcache::testing {
@@ -154,13 +155,6 @@ bool IsExitCode(int wait_status, int code) {
   return wait_status != -1 && WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == code;
 }
 
-std::string DescribeWaitStatus(int wait_status) {
-  if (wait_status == -1) return "still running (killed by the test)";
-  if (WIFEXITED(wait_status)) return absl::StrCat("exit code ", WEXITSTATUS(wait_status));
-  if (WIFSIGNALED(wait_status)) return absl::StrCat("killed by signal ", WTERMSIG(wait_status));
-  return absl::StrCat("wait status ", wait_status);
-}
-
 class ServerLifecycleTest : public StoreFixture {};
 
 // ---- health and readiness ----
@@ -260,83 +254,6 @@ TEST_F(ServerLifecycleTest, Sigterm_WithOnlyWatchesOpen_ExitsWithoutWaitingForTh
 }
 
 // ---- refusing to start ----
-
-struct RunResult {
-  int wait_status = -1;  // -1: it did not exit by itself
-  std::string stderr_text;
-  bool wrote_port_file = false;
-};
-
-// Runs cache_server with `args` (after --listen=127.0.0.1:0 --http-listen=127.0.0.1:0
-// --port-file=..., which they may override) until it exits, for at most `timeout`; a server
-// that starts instead is killed.
-RunResult RunCacheServer(const std::vector<std::string>& args,
-                         absl::Duration timeout = absl::Seconds(15)) {
-  std::string dir = MakeTempDir("refuse");
-  std::string port_file = dir + "/ports";
-  std::string log = dir + "/stderr.log";
-  std::vector<std::string> argv = {BinaryPath("cache_server/cache_server"), "--listen=127.0.0.1:0",
-                                   "--http-listen=127.0.0.1:0", "--port-file=" + port_file};
-  argv.insert(argv.end(), args.begin(), args.end());
-  pid_t pid = fork();
-  if (pid == 0) {
-    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) dup2(fd, STDERR_FILENO);
-    std::vector<char*> cargv;
-    for (auto& a : argv) cargv.push_back(a.data());
-    cargv.push_back(nullptr);
-    execv(cargv[0], cargv.data());
-    _exit(127);
-  }
-  RunResult r;
-  absl::Time deadline = absl::Now() + timeout;
-  std::optional<absl::Time> started_at;
-  while (pid > 0) {
-    int status = 0;
-    if (waitpid(pid, &status, WNOHANG) == pid) {
-      r.wait_status = status;
-      break;
-    }
-    struct stat st;
-    if (!started_at.has_value() && stat(port_file.c_str(), &st) == 0) started_at = absl::Now();
-    // It is serving: give it a moment to change its mind, then stop it.
-    if (absl::Now() >= deadline ||
-        (started_at.has_value() && absl::Now() - *started_at > absl::Seconds(1))) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      break;
-    }
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  struct stat st;
-  r.wrote_port_file = stat(port_file.c_str(), &st) == 0;
-  std::ifstream in(log);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  r.stderr_text = ss.str();
-  return r;
-}
-
-// Checks that a run refused to start: non-zero exit, no port file, and a stderr line that starts
-// "cache_server: refusing to start:" and mentions `mentions`.
-void ExpectRefused(const RunResult& r, const std::string& mentions) {
-  EXPECT_NE(r.wait_status, -1) << "it did not exit by itself; stderr:\n" << r.stderr_text;
-  if (r.wait_status != -1) {
-    EXPECT_TRUE(WIFEXITED(r.wait_status) && WEXITSTATUS(r.wait_status) != 0)
-        << DescribeWaitStatus(r.wait_status) << "; stderr:\n"
-        << r.stderr_text;
-  }
-  EXPECT_FALSE(r.wrote_port_file) << "it reported ports as if serving";
-  bool found = false;
-  for (absl::string_view line : absl::StrSplit(r.stderr_text, '\n')) {
-    if (absl::StartsWith(line, "cache_server: refusing to start:")) {
-      found = true;
-      EXPECT_THAT(std::string(line), HasSubstr(mentions));
-    }
-  }
-  EXPECT_TRUE(found) << "no line starting \"cache_server: refusing to start:\" in stderr:\n"
-                     << r.stderr_text;
-}
 
 // A listening TCP socket on a free loopback port, without SO_REUSEPORT.
 class BusyPort {

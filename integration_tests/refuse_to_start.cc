@@ -1,0 +1,95 @@
+#include "integration_tests/refuse_to_start.h"
+
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/testing/server_process.h"
+
+namespace shardcache::testing {
+
+std::string DescribeWaitStatus(int wait_status) {
+  if (wait_status == -1) return "did not exit by itself";
+  if (WIFEXITED(wait_status)) return absl::StrCat("exit code ", WEXITSTATUS(wait_status));
+  if (WIFSIGNALED(wait_status)) return absl::StrCat("killed by signal ", WTERMSIG(wait_status));
+  return absl::StrCat("wait status ", wait_status);
+}
+
+RunResult RunCacheServer(const std::vector<std::string>& args, absl::Duration timeout) {
+  std::string dir = MakeTempDir("refuse");
+  std::string port_file = dir + "/ports";
+  std::string log = dir + "/stderr.log";
+  std::vector<std::string> argv = {BinaryPath("cache_server/cache_server"), "--listen=127.0.0.1:0",
+                                   "--http-listen=127.0.0.1:0", "--port-file=" + port_file};
+  argv.insert(argv.end(), args.begin(), args.end());
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) dup2(fd, STDERR_FILENO);
+    std::vector<char*> cargv;
+    for (auto& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    execv(cargv[0], cargv.data());
+    _exit(127);
+  }
+  RunResult r;
+  absl::Time deadline = absl::Now() + timeout;
+  std::optional<absl::Time> started_at;
+  while (pid > 0) {
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      r.wait_status = status;
+      break;
+    }
+    struct stat st;
+    if (!started_at.has_value() && stat(port_file.c_str(), &st) == 0) started_at = absl::Now();
+    // Serving (give it a moment to change its mind), or hung: either way it did not refuse.
+    if (absl::Now() >= deadline ||
+        (started_at.has_value() && absl::Now() - *started_at > absl::Seconds(1))) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  struct stat st;
+  r.wrote_port_file = stat(port_file.c_str(), &st) == 0;
+  std::ifstream in(log);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  r.stderr_text = ss.str();
+  return r;
+}
+
+void ExpectRefused(const RunResult& r, const std::vector<std::string>& mentions) {
+  EXPECT_TRUE(r.wait_status != -1 && WIFEXITED(r.wait_status) && WEXITSTATUS(r.wait_status) != 0)
+      << "it did not refuse to start: " << DescribeWaitStatus(r.wait_status) << "; stderr:\n"
+      << r.stderr_text;
+  EXPECT_FALSE(r.wrote_port_file) << "it reported ports as if serving";
+  bool found = false;
+  for (absl::string_view line : absl::StrSplit(r.stderr_text, '\n')) {
+    if (absl::StartsWith(line, "cache_server: refusing to start:")) {
+      found = true;
+      for (const std::string& m : mentions) {
+        EXPECT_THAT(std::string(line), ::testing::HasSubstr(m));
+      }
+    }
+  }
+  EXPECT_TRUE(found) << "no line starting \"cache_server: refusing to start:\" in stderr:\n"
+                     << r.stderr_text;
+}
+
+}  // namespace shardcache::testing
