@@ -410,6 +410,29 @@ absl::StatusOr<ObjectStore::DeleteResult> ObjectStore::Delete(const v1::DeleteRe
   return Await<DeleteResult>([&](DeleteCallback done) { DeleteAsync(req, std::move(done)); });
 }
 
+absl::StatusOr<int64_t> ObjectStore::ClaimEpoch(const v1::ClaimEpochRequest& req) {
+  return Await<int64_t>([&](EpochCallback done) { ClaimEpochAsync(req, std::move(done)); });
+}
+
+void ObjectStore::ClaimEpochAsync(const v1::ClaimEpochRequest& req, EpochCallback done) {
+  absl::StatusOr<int64_t> result = [&]() -> absl::StatusOr<int64_t> {
+    const v1::Fence& fence = req.fence();
+    // A write's fence is optional; a claim's is the whole request.
+    RETURN_IF_ERROR(ValidateDNS1123Label("fence.shard", fence.shard()));
+    if (fence.epoch() == 0) {
+      return absl::InvalidArgumentError("fence.epoch: Required value: the epoch to claim");
+    }
+    absl::MutexLock l(&mu_);
+    RETURN_IF_ERROR(CheckFenceLocked(fence, "claim"));
+    return epochs_[fence.shard()];
+  }();
+  // No revision to wait for; CompleteWhenDurable also waits for every epoch claimed so far, this
+  // one included (the committer writes a batch of epochs alone when nothing else is pending).
+  CompleteWhenDurable(0, [done = std::move(done), result = std::move(result)]() mutable {
+    done(std::move(result));
+  });
+}
+
 ObjectPtr ObjectStore::CurrentLocked(const std::string& group_resource,
                                      const std::string& key) const {
   auto r = resources_.find(group_resource);
@@ -478,7 +501,7 @@ absl::StatusOr<v1::ListResponse> ObjectStore::List(const v1::ListRequest& req) c
   return resp;
 }
 
-absl::Status ObjectStore::CheckFenceLocked(const v1::Fence& fence) {
+absl::Status ObjectStore::CheckFenceLocked(const v1::Fence& fence, const char* what) {
   if (fence.shard().empty() && fence.epoch() == 0) return absl::OkStatus();
   RETURN_IF_ERROR(ValidateDNS1123Label("fence.shard", fence.shard()));
   if (fence.epoch() <= 0) {
@@ -486,9 +509,9 @@ absl::Status ObjectStore::CheckFenceLocked(const v1::Fence& fence) {
   }
   int64_t& highest = epochs_[fence.shard()];
   if (fence.epoch() < highest) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "fenced: shard \"", fence.shard(), "\" is at epoch ", highest,
-        " and this write carries epoch ", fence.epoch(), " (a newer leader holds the shard)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("fenced: shard \"", fence.shard(), "\" is at epoch ", highest, " and this ",
+                     what, " carries epoch ", fence.epoch(), " (a newer leader holds the shard)"));
   }
   if (fence.epoch() > highest) {
     highest = fence.epoch();

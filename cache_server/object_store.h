@@ -8,6 +8,8 @@
 //   finalizers that hold a deleted object (deletionTimestamp set), optimistic concurrency on
 //   resourceVersion (and uid), status as a subresource where the resource says so, fencing
 //   by per-shard epoch. A write that fails changes nothing.
+// - Fencing epochs: the highest epoch seen per shard, raised by fenced writes and by ClaimEpoch,
+//   durable before any answer that depends on it (see CompleteWhenDurable).
 // - Every version of every object since the oldest event of the history window is kept
 //   (multi-version, as etcd does), so that a paginated List stays a consistent snapshot at its
 //   first page's revision, and a Watch can start from any revision inside the window. Older
@@ -75,6 +77,7 @@ class ObjectStore {
 
   using ObjectCallback = std::function<void(absl::StatusOr<ObjectPtr>)>;
   using DeleteCallback = std::function<void(absl::StatusOr<DeleteResult>)>;
+  using EpochCallback = std::function<void(absl::StatusOr<int64_t>)>;
 
   // `watch_cache` and `metrics` are not owned and must outlive the store. `state` is what the
   // storage loaded (a new store's default state when there is no storage).
@@ -97,12 +100,21 @@ class ObjectStore {
   void UpsertAsync(const v1::UpdateRequest& request, ObjectCallback done);
   void DeleteAsync(const v1::DeleteRequest& request, DeleteCallback done);
 
+  // Claims request.fence's epoch for its shard without writing an object (the ClaimEpoch RPC):
+  // records it when it is at least the shard's highest epoch, and gives `done` that epoch once
+  // it is durable (a claim with nothing else to write is committed as a batch of epochs alone).
+  // Errors as the Store service documents: INVALID_ARGUMENT for a missing or invalid fence.shard
+  // or fence.epoch, FAILED_PRECONDITION when a higher epoch is recorded. Raises no revision.
+  // `done` is called exactly once.
+  void ClaimEpochAsync(const v1::ClaimEpochRequest& request, EpochCallback done);
+
   // The same writes, blocking until durable (for tests and tools; never on a gRPC thread).
   absl::StatusOr<ObjectPtr> Create(const v1::CreateRequest& request);
   absl::StatusOr<ObjectPtr> Update(const v1::UpdateRequest& request);
   absl::StatusOr<ObjectPtr> UpdateStatus(const v1::UpdateRequest& request);
   absl::StatusOr<ObjectPtr> Upsert(const v1::UpdateRequest& request);
   absl::StatusOr<DeleteResult> Delete(const v1::DeleteRequest& request);
+  absl::StatusOr<int64_t> ClaimEpoch(const v1::ClaimEpochRequest& request);
 
   // Validates a watch request and, if it is valid, gives `watcher` its spec and initial events
   // (Watcher::Init) and registers it with the WatchCache, all under the store's lock.
@@ -152,8 +164,10 @@ class ObjectStore {
                                          const v1::Fence& fence, bool keep_status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Checks a write's fence and records a higher epoch. Called last, just before a write
-  // commits, so that a write that fails for any other reason claims nothing.
-  absl::Status CheckFenceLocked(const v1::Fence& fence) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // commits, so that a write that fails for any other reason claims nothing. An empty fence
+  // passes. `what` names the request in the FAILED_PRECONDITION message ("write", "claim").
+  absl::Status CheckFenceLocked(const v1::Fence& fence, const char* what = "write")
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The live object at `key` including writes not yet durable, or null.
   ObjectPtr CurrentLocked(const std::string& group_resource, const std::string& key) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);

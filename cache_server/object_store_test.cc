@@ -9,6 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "cache_server/rocksdb_storage.h"
+#include "common/testing/server_process.h"
 #include "common/testing/status_matchers.h"
 
 namespace shardcache {
@@ -285,6 +288,96 @@ TEST_F(ObjectStoreTest, Fence_LowerEpochIsRejected) {
   EXPECT_EQ(store_->revision(), 2);
 }
 
+v1::ClaimEpochRequest Claim(const std::string& shard, int64_t epoch) {
+  v1::ClaimEpochRequest req;
+  req.mutable_fence()->set_shard(shard);
+  req.mutable_fence()->set_epoch(epoch);
+  return req;
+}
+
+v1::CreateRequest FencedCreate(const v1::Object& o, const std::string& shard, int64_t epoch) {
+  v1::CreateRequest req;
+  *req.mutable_resource() = Widgets();
+  *req.mutable_object() = o;
+  req.mutable_fence()->set_shard(shard);
+  req.mutable_fence()->set_epoch(epoch);
+  return req;
+}
+
+MATCHER_P(HoldsEpoch, epoch, absl::StrCat("is OK and holds epoch ", epoch)) {
+  if (!arg.ok()) {
+    *result_listener << "status " << arg.status();
+    return false;
+  }
+  *result_listener << "epoch " << *arg;
+  return *arg == epoch;
+}
+
+TEST_F(ObjectStoreTest, ClaimEpoch_HigherOrEqualIsRecorded_LowerIsFenced) {
+  Make(Role::kCache);
+  EXPECT_THAT(store_->ClaimEpoch(Claim("s1", 5)), HoldsEpoch(5));
+  // Claiming the same epoch again (a retry) succeeds.
+  EXPECT_THAT(store_->ClaimEpoch(Claim("s1", 5)), HoldsEpoch(5));
+  EXPECT_THAT(store_->ClaimEpoch(Claim("s1", 4)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("fenced: shard \"s1\" is at epoch 5 and this claim carries "
+                                 "epoch 4 (a newer leader holds the shard)")));
+  EXPECT_THAT(store_->ClaimEpoch(Claim("s1", 9)), HoldsEpoch(9));
+  EXPECT_THAT(store_->ClaimEpoch(Claim("s1", 5)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("at epoch 9")));
+  // Shards are independent.
+  EXPECT_THAT(store_->ClaimEpoch(Claim("s2", 1)), HoldsEpoch(1));
+  // A claim writes no object.
+  EXPECT_EQ(store_->revision(), 1);
+}
+
+TEST_F(ObjectStoreTest, ClaimEpoch_FencesLaterWritesOfLowerEpochs) {
+  Make(Role::kCache);
+  ASSERT_THAT(store_->ClaimEpoch(Claim("s1", 5)), IsOk());
+  EXPECT_THAT(store_->Create(FencedCreate(Widget("a"), "s1", 4)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("is at epoch 5 and this write carries epoch 4")));
+  EXPECT_EQ(store_->revision(), 1);
+  ASSERT_THAT(store_->Create(FencedCreate(Widget("a"), "s1", 5)), IsOk());
+  v1::UpdateRequest update;
+  *update.mutable_resource() = Widgets();
+  *update.mutable_object() = Widget("a", "{}", R"({"size":2})");
+  update.mutable_fence()->set_shard("s1");
+  update.mutable_fence()->set_epoch(3);
+  EXPECT_THAT(store_->Update(update), StatusIs(absl::StatusCode::kFailedPrecondition));
+  v1::DeleteRequest del;
+  *del.mutable_resource() = Widgets();
+  del.set_cluster("root");
+  del.set_namespace_("default");
+  del.set_name("a");
+  del.mutable_fence()->set_shard("s1");
+  del.mutable_fence()->set_epoch(4);
+  EXPECT_THAT(store_->Delete(del), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_EQ(store_->revision(), 2);
+  // A write under a higher epoch raises it past the claim.
+  ASSERT_THAT(store_->Create(FencedCreate(Widget("b"), "s1", 6)), IsOk());
+  EXPECT_THAT(store_->ClaimEpoch(Claim("s1", 5)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("at epoch 6")));
+}
+
+TEST_F(ObjectStoreTest, ClaimEpoch_InvalidFence_NamesTheFieldAndClaimsNothing) {
+  Make(Role::kShard);
+  EXPECT_THAT(store_->ClaimEpoch(v1::ClaimEpochRequest()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("fence.shard: Required")));
+  EXPECT_THAT(store_->ClaimEpoch(Claim("", 3)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("fence.shard: Required")));
+  EXPECT_THAT(
+      store_->ClaimEpoch(Claim("Shard_1", 3)),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("fence.shard: Invalid value")));
+  EXPECT_THAT(store_->ClaimEpoch(Claim("s1", 0)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("fence.epoch: Required")));
+  EXPECT_THAT(store_->ClaimEpoch(Claim("s1", -3)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("fence.epoch: Invalid value: must be positive")));
+  // Nothing was recorded: any positive epoch may still be claimed.
+  EXPECT_THAT(store_->ClaimEpoch(Claim("s1", 1)), HoldsEpoch(1));
+}
+
 TEST_F(ObjectStoreTest, List_PagesStayAtFirstRevision) {
   Make(Role::kShard);
   DefineWidgets();
@@ -520,6 +613,111 @@ TEST_F(ObjectStoreTest, Durability_AckedWritesAndEpochsAreInACommittedBatch) {
   }
   EXPECT_EQ(rev, 2);
   EXPECT_EQ(epochs["s1"], 7);
+}
+
+// A Storage whose Commit waits until the test opens the gate, and records what it was given.
+class GatedStorage : public Storage {
+ public:
+  absl::StatusOr<PersistedState> Load() override { return PersistedState(); }
+  absl::Status Commit(const CommitBatch& batch) override {
+    absl::MutexLock l(&mu_);
+    batches_.push_back(batch);
+    auto open = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return open_; };
+    mu_.Await(absl::Condition(&open));
+    ++committed_;
+    return absl::OkStatus();
+  }
+  // Waits (up to 10 s) until a Commit has been given an epoch for `shard`; returns whether it was.
+  bool WaitForEpochCommit(const std::string& shard) {
+    absl::MutexLock l(&mu_);
+    auto seen = [this, &shard]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      for (const CommitBatch& b : batches_) {
+        if (b.epochs.count(shard) > 0) return true;
+      }
+      return false;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&seen), absl::Seconds(10));
+  }
+  void Open() {
+    absl::MutexLock l(&mu_);
+    open_ = true;
+  }
+  std::vector<CommitBatch> batches() {
+    absl::MutexLock l(&mu_);
+    return batches_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool open_ ABSL_GUARDED_BY(mu_) = false;
+  int committed_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<CommitBatch> batches_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST_F(ObjectStoreTest, Durability_ClaimAloneIsCommittedBeforeItIsAnswered) {
+  GatedStorage storage;
+  ObjectStore::Options o;
+  o.role = Role::kCache;
+  o.clock = &clock_;
+  o.storage = &storage;
+  store_ = std::make_unique<ObjectStore>(o, &cache_, &metrics_);
+  absl::Notification answered;
+  absl::StatusOr<int64_t> result;
+  store_->ClaimEpochAsync(Claim("s1", 3), [&](absl::StatusOr<int64_t> r) {
+    result = std::move(r);
+    answered.Notify();
+  });
+  // The committer writes a batch holding only the epoch (nothing else is pending)...
+  ASSERT_TRUE(storage.WaitForEpochCommit("s1")) << "the claim was never committed";
+  // ...and the claim is not answered while that commit is in progress.
+  EXPECT_FALSE(answered.WaitForNotificationWithTimeout(absl::Milliseconds(200)))
+      << "the claim was answered before it was durable";
+  storage.Open();
+  ASSERT_TRUE(answered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_THAT(result, HoldsEpoch(3));
+  std::vector<CommitBatch> batches = storage.batches();
+  ASSERT_EQ(batches.size(), 1u);
+  EXPECT_TRUE(batches[0].events.empty());
+  EXPECT_EQ(batches[0].revision, 1);
+  EXPECT_EQ(batches[0].epochs, (std::map<std::string, int64_t>{{"s1", 3}}));
+  // An equal claim is durable already: it is answered without another commit.
+  EXPECT_THAT(store_->ClaimEpoch(Claim("s1", 3)), HoldsEpoch(3));
+  EXPECT_EQ(storage.batches().size(), 1u);
+}
+
+TEST_F(ObjectStoreTest, Durability_ClaimsSurviveReopeningTheDataDirectory) {
+  const std::string dir = testing::MakeTempDir("claims") + "/data";
+  ObjectStore::Options o;
+  o.role = Role::kShard;
+  o.clock = &clock_;
+  {
+    auto storage = RocksDbStorage::Open({dir, true});
+    ASSERT_THAT(storage, IsOk());
+    auto state = (*storage)->Load();
+    ASSERT_THAT(state, IsOk());
+    o.storage = storage->get();
+    store_ = std::make_unique<ObjectStore>(o, &cache_, &metrics_, *std::move(state));
+    ASSERT_THAT(store_->ClaimEpoch(Claim("a", 5)), IsOk());
+    ASSERT_THAT(store_->ClaimEpoch(Claim("b", 2)), IsOk());
+    store_.reset();
+  }
+  auto storage = RocksDbStorage::Open({dir, true});
+  ASSERT_THAT(storage, IsOk());
+  auto state = (*storage)->Load();
+  ASSERT_THAT(state, IsOk());
+  EXPECT_EQ(state->epochs, (std::map<std::string, int64_t>{{"a", 5}, {"b", 2}}));
+  EXPECT_EQ(state->revision, 1);
+  o.storage = storage->get();
+  store_ = std::make_unique<ObjectStore>(o, &cache_, &metrics_, *std::move(state));
+  EXPECT_THAT(store_->ClaimEpoch(Claim("a", 4)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("is at epoch 5 and this claim carries epoch 4")));
+  DefineWidgets();
+  EXPECT_THAT(store_->Create(FencedCreate(Widget("w"), "a", 4)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("at epoch 5")));
+  EXPECT_THAT(store_->Create(FencedCreate(Widget("w"), "b", 2)), IsOk());
+  EXPECT_THAT(store_->ClaimEpoch(Claim("a", 5)), HoldsEpoch(5));
+  store_.reset();
 }
 
 }  // namespace

@@ -249,6 +249,18 @@ grpc::ServerUnaryReactor* StoreService::Delete(grpc::CallbackServerContext* ctx,
   return reactor;
 }
 
+grpc::ServerUnaryReactor* StoreService::ClaimEpoch(grpc::CallbackServerContext* ctx,
+                                                   const v1::ClaimEpochRequest* req,
+                                                   v1::ClaimEpochResponse* resp) {
+  auto* reactor = ctx->DefaultReactor();
+  store_->ClaimEpochAsync(
+      *req, [reactor, metrics = metrics_, resp, start = absl::Now()](absl::StatusOr<int64_t> r) {
+        if (r.ok()) resp->set_epoch(*r);
+        Finish(reactor, metrics, "ClaimEpoch", start, r.status());
+      });
+  return reactor;
+}
+
 bool StoreService::AddStream(WriteStreamReactor* stream) {
   absl::MutexLock l(&streams_mu_);
   if (shutting_down_) return false;

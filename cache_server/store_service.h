@@ -54,6 +54,9 @@ class StoreService final
                                    v1::DeleteResponse* resp) override;
   grpc::ServerBidiReactor<v1::WriteRequest, v1::WriteResponse>* Write(
       grpc::CallbackServerContext* ctx) override;
+  grpc::ServerUnaryReactor* ClaimEpoch(grpc::CallbackServerContext* ctx,
+                                       const v1::ClaimEpochRequest* req,
+                                       v1::ClaimEpochResponse* resp) override;
 
   // Applies one write of a Write stream; `done` receives its answer once it is durable (or
   // failed), possibly before Apply returns.

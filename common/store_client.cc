@@ -302,6 +302,18 @@ absl::StatusOr<v1::DeleteResponse> StoreClient::Delete(const v1::DeleteRequest& 
   return out;
 }
 
+absl::StatusOr<v1::ClaimEpochResponse> StoreClient::ClaimEpoch(
+    const v1::ClaimEpochRequest& request) {
+  // Idempotent (the same claim again succeeds): as safe to retry as a read.
+  v1::ClaimEpochResponse out;
+  absl::Status status = Call("ClaimEpoch", Retry::kRead, [&](grpc::ClientContext* context) {
+    out.Clear();
+    return stub_->ClaimEpoch(context, request, &out);
+  });
+  if (!status.ok()) return status;
+  return out;
+}
+
 std::unique_ptr<WatchStream> StoreClient::OpenWatch(const v1::WatchRequest& request,
                                                     absl::Duration timeout) {
   absl::Time deadline = timeout == absl::InfiniteDuration() ? absl::InfiniteFuture()

@@ -12,6 +12,7 @@
 // share the call's deadline, Options::timeout):
 // - Reads (Get, List, each page of ListAll) are retried on UNAVAILABLE, and on DEADLINE_EXCEEDED
 //   when it was the attempt's own timeout (Options::attempt_timeout) that expired, not the call's.
+//   So is ClaimEpoch: claiming the same epoch again succeeds, so a claim is idempotent.
 // - A write is retried only on UNAVAILABLE, and only when applying it twice is impossible: a
 //   Create (a second one fails with ALREADY_EXISTS), and an Update, UpdateStatus or Delete that
 //   carries a resourceVersion precondition (a second one fails with ABORTED, or NOT_FOUND for a
@@ -19,9 +20,9 @@
 //   fails that way after an UNAVAILABLE attempt, the answer is reported as the server gave it
 //   (ALREADY_EXISTS, ABORTED, NOT_FOUND) with a note in the message that an earlier attempt may
 //   have applied the write: the caller should re-read before deciding.
-// - Nothing else is retried: not ABORTED, INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION,
-//   ALREADY_EXISTS, and not writes without a precondition (a retried blind update could overwrite
-//   a newer write by someone else).
+// - Nothing else is retried: not ABORTED, INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION (so
+//   not a ClaimEpoch fenced by a newer epoch), ALREADY_EXISTS, and not writes without a
+//   precondition (a retried blind update could overwrite a newer write by someone else).
 //
 // There is no unary Upsert: the API has none, and emulating it with Get then Create or Update
 // would differ from the server's upsert (which is atomic and also replaces a status subresource).
@@ -105,8 +106,9 @@ class StoreClient {
   struct Options {
     // Deadline of one call: all its attempts and the waits between them. Default 10 s.
     absl::Duration timeout = absl::Seconds(10);
-    // The longest a single attempt of a read may take before it is given up and retried, when
-    // shorter than what is left of the call's timeout. Default: no separate limit.
+    // The longest a single attempt of a read (or of a ClaimEpoch) may take before it is given up
+    // and retried, when shorter than what is left of the call's timeout. Default: no separate
+    // limit.
     absl::Duration attempt_timeout = absl::InfiniteDuration();
     // Attempts per call, the first included; 1 disables retries. Default 5.
     int max_attempts = 5;
@@ -159,6 +161,10 @@ class StoreClient {
   absl::StatusOr<v1::Object> Update(const v1::UpdateRequest& request);
   absl::StatusOr<v1::Object> UpdateStatus(const v1::UpdateRequest& request);
   absl::StatusOr<v1::DeleteResponse> Delete(const v1::DeleteRequest& request);
+
+  // Claims a fencing epoch for a shard (see the ClaimEpoch RPC); OK once it is durable, and
+  // FAILED_PRECONDITION when a newer epoch holds the shard. Retried as a read (see above).
+  absl::StatusOr<v1::ClaimEpochResponse> ClaimEpoch(const v1::ClaimEpochRequest& request);
 
   // Opens a Watch call (it is not retried: the caller, e.g. a Reflector, resumes or relists).
   // `timeout` bounds the whole stream; the default is none (watches are long-lived; use Cancel).

@@ -81,6 +81,13 @@ v1::DeleteRequest DeleteReq(const std::string& name) {
   return req;
 }
 
+v1::ClaimEpochRequest ClaimReq(const std::string& shard, int64_t epoch) {
+  v1::ClaimEpochRequest req;
+  req.mutable_fence()->set_shard(shard);
+  req.mutable_fence()->set_epoch(epoch);
+  return req;
+}
+
 int64_t Revision(const v1::Object& obj) {
   int64_t rv = 0;
   EXPECT_TRUE(absl::SimpleAtoi(obj.metadata().resource_version(), &rv))
@@ -384,6 +391,52 @@ TEST_F(StoreClientTest, Update_WithoutResourceVersion_ServerDown_NotRetried) {
   // So is a read.
   EXPECT_THAT(client->Get(GetReq("w1")),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("gave up after 3 attempts")));
+  // And a claim: claiming the same epoch again succeeds.
+  EXPECT_THAT(client->ClaimEpoch(ClaimReq("a", 1)),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("gave up after 3 attempts")));
+}
+
+TEST_F(StoreClientTest, ClaimEpoch_EqualOrHigherSucceeds_LowerIsFencedAndNotRetried) {
+  StartServer();
+  auto client = NewClient(RetryOptions());
+  ASSERT_NE(client, nullptr);
+  absl::StatusOr<v1::ClaimEpochResponse> claimed = client->ClaimEpoch(ClaimReq("a", 3));
+  ASSERT_THAT(claimed, IsOk());
+  EXPECT_EQ(claimed->epoch(), 3);
+  claimed = client->ClaimEpoch(ClaimReq("a", 3));
+  ASSERT_THAT(claimed, IsOk());
+  EXPECT_EQ(claimed->epoch(), 3);
+  EXPECT_THAT(client->ClaimEpoch(ClaimReq("a", 2)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("shard \"a\" is at epoch 3 and this claim carries epoch 2")));
+  EXPECT_THAT(client->ClaimEpoch(ClaimReq("a", 0)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("fence.epoch")));
+  // Each answered once: neither error was retried.
+  EXPECT_EQ(RequestCount(server_->http_port(), "ClaimEpoch", "OK"), 2);
+  EXPECT_EQ(RequestCount(server_->http_port(), "ClaimEpoch", "FAILED_PRECONDITION"), 1);
+  EXPECT_EQ(RequestCount(server_->http_port(), "ClaimEpoch", "INVALID_ARGUMENT"), 1);
+}
+
+TEST_F(StoreClientTest, ClaimEpoch_RetriedAcrossRestart) {
+  StartServer();
+  auto client = NewClient(RetryOptions());
+  ASSERT_NE(client, nullptr);
+  ASSERT_THAT(client->ClaimEpoch(ClaimReq("a", 3)), IsOk());
+  ASSERT_EQ(server_->Stop(), 0);
+
+  absl::StatusOr<v1::ClaimEpochResponse> claimed;
+  absl::Notification done;
+  std::thread claimer([&] {
+    claimed = client->ClaimEpoch(ClaimReq("a", 4));
+    done.Notify();
+  });
+  ASSERT_THAT(server_->Start(), IsOk());
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(40)));
+  claimer.join();
+  ASSERT_THAT(claimed, IsOk());
+  EXPECT_EQ(claimed->epoch(), 4);
+  EXPECT_THAT(client->ClaimEpoch(ClaimReq("a", 3)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("at epoch 4")));
 }
 
 TEST_F(StoreClientTest, Update_Conflict_AbortedIsNotRetried) {

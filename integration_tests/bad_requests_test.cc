@@ -1,6 +1,7 @@
 // A table of bad requests against a real shard-role cache_server. Each must fail with its gRPC
 // code and a message that names the problem (the field path for INVALID_ARGUMENT), and must change
-// nothing: the store's revision and every stored object stay exactly as they were.
+// nothing: the store's revision, every stored object and shard "a"'s fencing epoch stay exactly
+// as they were.
 //
 // The server holds one defined namespaced resource, widgets.example.com (v1 only, with a status
 // subresource), and three objects; shard "a" has written at fence epoch 5; the history window (5
@@ -25,7 +26,17 @@ namespace {
 
 using ::testing::HasSubstr;
 
-enum class Rpc { kCreate, kUpdate, kUpdateStatus, kDelete, kGet, kList, kWatch, kWrite };
+enum class Rpc {
+  kCreate,
+  kUpdate,
+  kUpdateStatus,
+  kDelete,
+  kGet,
+  kList,
+  kWatch,
+  kWrite,
+  kClaimEpoch
+};
 
 const char* RpcName(Rpc rpc) {
   switch (rpc) {
@@ -45,6 +56,8 @@ const char* RpcName(Rpc rpc) {
       return "Watch";
     case Rpc::kWrite:
       return "Write";
+    case Rpc::kClaimEpoch:
+      return "ClaimEpoch";
   }
   return "?";
 }
@@ -445,6 +458,43 @@ std::vector<BadRequest> Rows() {
        ObjectRequest(w, Obj("ns1", "w9"), R"(,"fence":{"shard":"b","epoch":"-2"})"),
        StatusCode::INVALID_ARGUMENT,
        {"fence.epoch: Invalid value"}},
+      {"Create_InvalidWithNewerFence_ClaimsNothing",
+       Rpc::kCreate,
+       ObjectRequest(w, Obj("ns1", "W9"), R"(,"fence":{"shard":"a","epoch":"9"})"),
+       StatusCode::INVALID_ARGUMENT,
+       {"metadata.name: Invalid value"}},
+      // ClaimEpoch: the fence is the whole request, so both of its fields are required.
+      {"ClaimEpoch_FenceMissing",
+       Rpc::kClaimEpoch,
+       "{}",
+       StatusCode::INVALID_ARGUMENT,
+       {"fence.shard: Required value"}},
+      {"ClaimEpoch_ShardMissing",
+       Rpc::kClaimEpoch,
+       R"({"fence":{"epoch":"9"}})",
+       StatusCode::INVALID_ARGUMENT,
+       {"fence.shard: Required value"}},
+      {"ClaimEpoch_ShardInvalid",
+       Rpc::kClaimEpoch,
+       R"({"fence":{"shard":"Shard_A","epoch":"9"}})",
+       StatusCode::INVALID_ARGUMENT,
+       {"fence.shard: Invalid value: \"Shard_A\""}},
+      {"ClaimEpoch_EpochMissing",
+       Rpc::kClaimEpoch,
+       R"({"fence":{"shard":"a"}})",
+       StatusCode::INVALID_ARGUMENT,
+       {"fence.epoch: Required value"}},
+      {"ClaimEpoch_EpochNegative",
+       Rpc::kClaimEpoch,
+       R"({"fence":{"shard":"a","epoch":"-9"}})",
+       StatusCode::INVALID_ARGUMENT,
+       {"fence.epoch: Invalid value", "must be positive"}},
+      {"ClaimEpoch_FencedOut",
+       Rpc::kClaimEpoch,
+       R"({"fence":{"shard":"a","epoch":"4"}})",
+       StatusCode::FAILED_PRECONDITION,
+       {"fenced: shard \"a\" is at epoch 5", "this claim carries epoch 4",
+        "a newer leader holds the shard"}},
       {"Create_FenceShardInvalid",
        Rpc::kCreate,
        ObjectRequest(w, Obj("ns1", "w9"), R"(,"fence":{"shard":"Shard_B","epoch":"1"})"),
@@ -584,7 +634,9 @@ class BadRequestTest : public StoreFixture, public ::testing::WithParamInterface
     std::string revision;
     std::string bytes;
   };
-  // Every object of every resource the table touches, and the store's revision.
+  // Every object of every resource the table touches, the store's revision, and whether shard
+  // "a" is still at epoch 5 (a claim of the same epoch changes nothing; it fails if a bad request
+  // recorded a higher one).
   Snapshot Take() {
     Snapshot snap;
     for (const v1::GroupVersionResource& gvr :
@@ -600,6 +652,13 @@ class BadRequestTest : public StoreFixture, public ::testing::WithParamInterface
       EXPECT_EQ(resp.resource_version(), snap.revision) << "lists at different revisions";
       snap.bytes += Bytes(resp);
     }
+    v1::ClaimEpochResponse claimed;
+    grpc::Status s = stub_->ClaimEpoch(
+        Context().get(), FromJson<v1::ClaimEpochRequest>(R"({"fence":{"shard":"a","epoch":"5"}})"),
+        &claimed);
+    EXPECT_TRUE(s.ok()) << "snapshot: shard \"a\" is no longer at epoch 5: " << s.error_message();
+    snap.bytes +=
+        absl::StrCat("\nfence a/5: ", s.error_code(), " ", s.error_message(), " ", claimed.epoch());
     return snap;
   }
 
@@ -642,6 +701,10 @@ class BadRequestTest : public StoreFixture, public ::testing::WithParamInterface
         return CallWatch(Parse<v1::WatchRequest>(row));
       case Rpc::kWrite:
         return CallWrite(Parse<v1::WriteRequest>(row));
+      case Rpc::kClaimEpoch: {
+        v1::ClaimEpochResponse out;
+        return stub_->ClaimEpoch(Context().get(), Parse<v1::ClaimEpochRequest>(row), &out);
+      }
     }
     return grpc::Status(grpc::StatusCode::INTERNAL, "unknown rpc in the table");
   }
@@ -698,7 +761,8 @@ TEST_P(BadRequestTest, FailsClearlyAndChangesNothing) {
 
   Snapshot after = Take();
   EXPECT_EQ(after.revision, before.revision) << "a bad request raised the store's revision";
-  EXPECT_TRUE(after.bytes == before.bytes) << "a bad request changed stored objects";
+  EXPECT_TRUE(after.bytes == before.bytes)
+      << "a bad request changed stored objects or shard \"a\"'s epoch";
 }
 
 INSTANTIATE_TEST_SUITE_P(Table, BadRequestTest, ::testing::ValuesIn(Rows()),

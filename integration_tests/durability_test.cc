@@ -191,6 +191,59 @@ double SpecN(const v1::Object& o) {
   return it == o.spec().fields().end() ? -1 : it->second.number_value();
 }
 
+// Writers of large objects of `gvr` on three threads, so that a sync is nearly always in
+// progress: an answer given before its batch is written would be lost to a SIGKILL that follows
+// it. Each writer stops at its first failed write (the server was killed) or at Stop.
+class WriteLoad {
+ public:
+  WriteLoad(v1::Store::Stub* stub, const v1::GroupVersionResource& gvr) {
+    for (int t = 0; t < 3; ++t) {
+      threads_.emplace_back([this, stub, gvr, t] { Run(stub, gvr, t); });
+    }
+  }
+  ~WriteLoad() { Stop(); }
+
+  // Waits until the writers have made `n` writes; false if they did not within kWait.
+  bool WaitForWrites(int n) {
+    absl::Time deadline = absl::Now() + kWait;
+    while (written_.load() < n && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+    return written_.load() >= n;
+  }
+
+  void Stop() {
+    stop_ = true;
+    for (auto& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+  }
+
+ private:
+  void Run(v1::Store::Stub* stub, const v1::GroupVersionResource& gvr, int t) {
+    const std::string padding(256 * 1024, 'x');
+    for (int i = 0; !stop_.load(); ++i) {
+      v1::Object o = Obj(absl::StrCat("load-", t, "-", i % 4), i);
+      (*o.mutable_spec()->mutable_fields())["pad"].set_string_value(padding);
+      v1::Object out;
+      v1::UpdateRequest update;
+      *update.mutable_resource() = gvr;
+      *update.mutable_object() = o;
+      grpc::Status s = stub->Update(Context().get(), update, &out);
+      if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
+        v1::CreateRequest create;
+        *create.mutable_resource() = gvr;
+        *create.mutable_object() = o;
+        s = stub->Create(Context().get(), create, &out);
+      }
+      if (!s.ok()) return;  // the server was killed
+      ++written_;
+    }
+  }
+
+  std::atomic<bool> stop_{false};
+  std::atomic<int> written_{0};
+  std::vector<std::thread> threads_;
+};
+
 class DurabilityTest : public StoreFixture {
  protected:
   const v1::GroupVersionResource widgets_ = Gvr("example.com", "v1", "widgets");
@@ -552,37 +605,10 @@ TEST_F(DurabilityTest, FencingEpochs_ClaimedByANoOpWrite_SurviveSigkill) {
   StartServer({});
   v1::Object f1 = Obj("f1");
   const int64_t created = MustCreate(f1);
-  const std::string padding(256 * 1024, 'x');
   for (int epoch = 2; epoch <= 6; ++epoch) {
     SCOPED_TRACE(absl::StrCat("claiming epoch ", epoch));
-    // Load: writers of large objects, so that a sync is nearly always in progress.
-    std::atomic<bool> stop{false};
-    std::atomic<int> loaded{0};
-    std::vector<std::thread> load;
-    for (int t = 0; t < 3; ++t) {
-      load.emplace_back([&, t, stub = stub_.get()] {
-        for (int i = 0; !stop.load(); ++i) {
-          v1::Object o = Obj(absl::StrCat("load-", t, "-", i % 4), i);
-          (*o.mutable_spec()->mutable_fields())["pad"].set_string_value(padding);
-          v1::Object out;
-          v1::UpdateRequest update;
-          *update.mutable_resource() = widgets_;
-          *update.mutable_object() = o;
-          grpc::Status s = stub->Update(Context().get(), update, &out);
-          if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
-            v1::CreateRequest create;
-            *create.mutable_resource() = widgets_;
-            *create.mutable_object() = o;
-            s = stub->Create(Context().get(), create, &out);
-          }
-          if (!s.ok()) return;  // the server was killed
-          ++loaded;
-        }
-      });
-    }
-    absl::Time deadline = absl::Now() + kWait;
-    while (loaded.load() < 12 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
-    EXPECT_GE(loaded.load(), 12) << "the load did not get going";
+    WriteLoad load(stub_.get(), widgets_);
+    EXPECT_TRUE(load.WaitForWrites(12)) << "the load did not get going";
 
     v1::UpdateRequest claim;
     *claim.mutable_resource() = widgets_;
@@ -592,8 +618,7 @@ TEST_F(DurabilityTest, FencingEpochs_ClaimedByANoOpWrite_SurviveSigkill) {
     v1::Object out;
     grpc::Status s = stub_->Update(Context().get(), claim, &out);
     server_->Signal(SIGKILL);
-    stop = true;
-    for (auto& t : load) t.join();
+    load.Stop();
     ASSERT_TRUE(Ok(s)) << "claiming epoch " << epoch;
     EXPECT_EQ(Rv(out), created) << "the claim was meant to change nothing";
     int status = server_->Wait(kWait);
@@ -610,6 +635,69 @@ TEST_F(DurabilityTest, FencingEpochs_ClaimedByANoOpWrite_SurviveSigkill) {
     ASSERT_THAT(FromGrpcStatus(s),
                 StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("fenced")))
         << "the acknowledged claim of epoch " << epoch << " was lost in the crash";
+  }
+}
+
+// A new leader claims its epoch with ClaimEpoch before it writes anything. Once the claim is
+// answered it is durable: after a SIGKILL sent right after the answer, a lower claim and a former
+// leader's write of a lower epoch are still rejected. The first claim has nothing else to commit
+// with it (a batch of epochs alone); the later ones are made while large writes keep the
+// committer busy.
+TEST_F(DurabilityTest, FencingEpochs_ClaimedByClaimEpoch_SurviveSigkill) {
+  StartServer({});
+  const int64_t revision = Revision();
+  for (int epoch = 2; epoch <= 5; ++epoch) {
+    SCOPED_TRACE(absl::StrCat("claiming epoch ", epoch));
+    std::unique_ptr<WriteLoad> load;
+    if (epoch > 2) {
+      load = std::make_unique<WriteLoad>(stub_.get(), widgets_);
+      EXPECT_TRUE(load->WaitForWrites(12)) << "the load did not get going";
+    }
+    v1::ClaimEpochRequest claim;
+    claim.mutable_fence()->set_shard("a");
+    claim.mutable_fence()->set_epoch(epoch);
+    v1::ClaimEpochResponse claimed;
+    grpc::Status s = stub_->ClaimEpoch(Context().get(), claim, &claimed);
+    server_->Signal(SIGKILL);
+    if (load != nullptr) load->Stop();
+    ASSERT_TRUE(Ok(s)) << "claiming epoch " << epoch;
+    EXPECT_EQ(claimed.epoch(), epoch);
+    int status = server_->Wait(kWait);
+    ASSERT_TRUE(status != -1 && WIFSIGNALED(status)) << DescribeWaitStatus(status);
+    absl::Status started = server_->Start();
+    ASSERT_TRUE(started.ok()) << started;
+    channel_ = grpc::CreateChannel(server_->grpc_address(), grpc::InsecureChannelCredentials());
+    stub_ = v1::Store::NewStub(channel_);
+    if (load == nullptr) {
+      EXPECT_EQ(Revision(), revision) << "a claim alone wrote an object";
+    }
+
+    v1::ClaimEpochRequest lower = claim;
+    lower.mutable_fence()->set_epoch(epoch - 1);
+    s = stub_->ClaimEpoch(Context().get(), lower, &claimed);
+    ASSERT_THAT(FromGrpcStatus(s),
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         HasSubstr(absl::StrCat("is at epoch ", epoch,
+                                                " and this claim carries epoch ", epoch - 1))))
+        << "the acknowledged claim of epoch " << epoch << " was lost in the crash";
+    v1::CreateRequest former;
+    *former.mutable_resource() = widgets_;
+    *former.mutable_object() = Obj(absl::StrCat("former-", epoch));
+    former.mutable_fence()->set_shard("a");
+    former.mutable_fence()->set_epoch(epoch - 1);
+    v1::Object out;
+    s = stub_->Create(Context().get(), former, &out);
+    EXPECT_THAT(FromGrpcStatus(s),
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         HasSubstr(absl::StrCat("is at epoch ", epoch,
+                                                " and this write carries epoch ", epoch - 1))));
+    s = Get(widgets_, "c1", "ns1", absl::StrCat("former-", epoch));
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << "a fenced write created its object";
+
+    // The new leader's own epoch is still in force for it: claiming it again succeeds.
+    s = stub_->ClaimEpoch(Context().get(), claim, &claimed);
+    EXPECT_TRUE(Ok(s));
+    EXPECT_EQ(claimed.epoch(), epoch);
   }
 }
 
