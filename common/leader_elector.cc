@@ -384,15 +384,30 @@ bool LeaderElector::EndTerm(uint64_t term, absl::string_view why) {
   return true;
 }
 
+void LeaderElector::Resign(int64_t epoch, absl::string_view why) {
+  absl::MutexLock l(&mu_);
+  if (!leading_ || epoch_ != epoch || resign_epoch_ == epoch) return;
+  resign_epoch_ = epoch;
+  resign_reason_ = std::string(why);
+}
+
 void LeaderElector::CheckRenewDeadline() {
   uint64_t term;
+  std::string why;
   {
     absl::MutexLock l(&mu_);
-    if (!leading_ || config_.clock->Now() < last_renew_ + config_.renew_deadline) return;
+    if (!leading_) return;
+    if (resign_epoch_ == epoch_) {
+      why = absl::StrCat("resigned: ", resign_reason_);
+    } else if (config_.clock->Now() < last_renew_ + config_.renew_deadline) {
+      return;
+    } else {
+      why =
+          absl::StrCat("no successful renewal for ", absl::FormatDuration(config_.renew_deadline));
+    }
     term = term_;
   }
-  EndTerm(term,
-          absl::StrCat("no successful renewal for ", absl::FormatDuration(config_.renew_deadline)));
+  EndTerm(term, why);
 }
 
 void LeaderElector::Release() {
@@ -438,7 +453,12 @@ void LeaderElector::WatchdogThread() {
       mu_.Lock();
       continue;
     }
-    mu_.AwaitWithTimeout(absl::Condition(&stopping_), left);
+    if (mu_.AwaitWithTimeout(absl::Condition(this, &LeaderElector::StoppingOrResigning), left) &&
+        !stopping_) {
+      mu_.Unlock();
+      CheckRenewDeadline();
+      mu_.Lock();
+    }
   }
   mu_.Unlock();
 }

@@ -178,6 +178,13 @@ class LeaderElector {
   // calls it every RetryPeriod. For tests with a FakeClock. REQUIRES: Run() was not called.
   void Step() ABSL_LOCKS_EXCLUDED(mu_, callback_mu_);
 
+  // Ends the current term if its epoch is `epoch` (the leader's work learnt that it must stop,
+  // e.g. a store rejected its writes as fenced by a newer epoch). Returns at once: the watchdog
+  // thread (or, without Run(), the next Step()) ends the term as it does at the renew deadline.
+  // The elector keeps competing and may lead again in a new term, with a new epoch. Does nothing
+  // when that term has already ended. Any thread, including the leader's work and callbacks.
+  void Resign(int64_t epoch, absl::string_view why) ABSL_LOCKS_EXCLUDED(mu_);
+
   bool IsLeader() const ABSL_LOCKS_EXCLUDED(mu_);
   // The holder in the last record seen ("" if none or nothing seen yet).
   std::string GetLeader() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -204,7 +211,7 @@ class LeaderElector {
   void BeginTerm(int64_t epoch, absl::Time renewed) ABSL_LOCKS_EXCLUDED(mu_, callback_mu_);
   // Ends term number `term` (see term_) if it is still current: returns false otherwise.
   bool EndTerm(uint64_t term, absl::string_view why) ABSL_LOCKS_EXCLUDED(mu_, callback_mu_);
-  // Ends the current term if its renew deadline has passed.
+  // Ends the current term if its renew deadline has passed, or if it was asked to resign.
   void CheckRenewDeadline() ABSL_LOCKS_EXCLUDED(mu_, callback_mu_);
   // Writes the lease as free, if the last record seen names this identity.
   void Release() ABSL_LOCKS_EXCLUDED(mu_);
@@ -218,6 +225,9 @@ class LeaderElector {
     return stopping_ || leading_;
   }
   bool NoStopPending() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stops_pending_ == 0; }
+  bool StoppingOrResigning() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || (leading_ && resign_epoch_ == epoch_);
+  }
 
   // Constant after construction.
   const Config config_;
@@ -253,6 +263,9 @@ class LeaderElector {
   uint64_t term_ ABSL_GUARDED_BY(mu_) = 0;  // counts terms started by this elector
   int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_renew_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // The epoch of a term asked to end by Resign (0: none), and why.
+  int64_t resign_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string resign_reason_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<CancellationSource> cancellation_ ABSL_GUARDED_BY(mu_);
   // Terms that have ended whose on_stopped_leading has not returned yet.
   int stops_pending_ ABSL_GUARDED_BY(mu_) = 0;

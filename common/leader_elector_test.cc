@@ -407,6 +407,27 @@ TEST_F(LeaderElectorTest, Renew_AnotherHolderAppears_StopsLeadingAtOnce) {
   EXPECT_EQ(store_->Read()->holder_identity, "x") << "the loser does not write";
 }
 
+TEST_F(LeaderElectorTest, Resign_EndsTheTermAtNextStep_ThenLeadsAgainWithHigherEpoch) {
+  auto a = MakeReplica("a");
+  a->elector->Step();
+  ASSERT_THAT(a->started, ElementsAre(1));
+  a->elector->Resign(7, "not this term's epoch");  // ignored: another term
+  a->elector->Resign(1, "fenced");
+  EXPECT_TRUE(a->elector->IsLeader()) << "without Run(), the next Step ends the term";
+  clock_.Set(At(1));
+  a->elector->Step();
+  EXPECT_THAT(a->stop_times, ElementsAre(At(1)));
+  EXPECT_TRUE(a->token_cancelled_at_stop);
+  // The same step finds the lease still this replica's and starts a new term.
+  EXPECT_THAT(a->started, ElementsAre(1, 2));
+  EXPECT_EQ(a->elector->Epoch(), 2);
+  a->elector->Resign(1, "stale");  // the old term's resignation does not touch the new one
+  clock_.Set(At(2));
+  a->elector->Step();
+  EXPECT_EQ(a->stopped(), 1);
+  EXPECT_TRUE(a->elector->IsLeader());
+}
+
 TEST_F(LeaderElectorTest, Renew_LeaseDeleted_EndsTermAndRecreatesAboveEpochsSeen) {
   store_->Put(Held("", 2, At(0)));
   auto a = MakeReplica("a");
@@ -653,6 +674,33 @@ TEST_F(LeaderElectorRunTest, Watchdog_RenewalHangs_StillStopsLeadingByRenewDeadl
   EXPECT_FALSE((*e)->IsLeader());
   lock->Unhang();
   (*e)->Stop();
+}
+
+TEST_F(LeaderElectorRunTest, Resign_FromTheLeadersWork_WatchdogEndsTermAtOnce) {
+  auto lock = std::make_shared<FakeLock>(store_, "a");
+  std::atomic<int> stopped{0};
+  std::atomic<int64_t> first_epoch{0};
+  LeaderElector::Config c;
+  c.lock = lock;
+  c.lease_duration = absl::Seconds(30);
+  c.renew_deadline = absl::Seconds(20);
+  c.retry_period = absl::Seconds(10);  // nothing but Resign can end the term within the test
+  c.callbacks.on_started_leading = [&](LeadingContext ctx) {
+    int64_t none = 0;
+    first_epoch.compare_exchange_strong(none, ctx.epoch);
+  };
+  c.callbacks.on_stopped_leading = [&] { ++stopped; };
+  auto e = LeaderElector::Create(c);
+  ASSERT_THAT(e, IsOk());
+  (*e)->Run();
+  ASSERT_TRUE(Eventually([&] { return (*e)->IsLeader(); }, absl::Seconds(5)));
+  absl::Time resigned = absl::Now();
+  (*e)->Resign(first_epoch.load(), "fenced");
+  ASSERT_TRUE(Eventually([&] { return stopped.load() == 1; }, absl::Seconds(5)));
+  EXPECT_LT(absl::Now() - resigned, absl::Seconds(5));
+  EXPECT_FALSE((*e)->IsLeader()) << "the next attempt waits a retry period";
+  (*e)->Stop();
+  EXPECT_EQ(stopped.load(), 1);
 }
 
 // ---- The lease record's JSON form ----
