@@ -1,0 +1,522 @@
+#include "shard_replicator/ccr_controller.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <optional>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/object_key.h"
+#include "common/status_macros.h"
+
+namespace shardcache {
+namespace {
+
+constexpr char kController[] = "clustercachedresources";
+
+bool HasFinalizer(const v1::Object& o) {
+  const auto& f = o.metadata().finalizers();
+  return std::find(f.begin(), f.end(), kReplicatorFinalizer) != f.end();
+}
+
+std::string CcrKey(const std::string& cluster, const std::string& name) {
+  return ObjectKey("", cluster, "", name);
+}
+
+// (cluster, name) of a CCR key.
+std::pair<std::string, std::string> SplitCcrKey(const std::string& key) {
+  std::vector<std::string> parts = absl::StrSplit(key, '\0');
+  if (parts.size() != 4) return {"", key};
+  return {parts[1], parts[3]};
+}
+
+// Which of two CCRs came first: creation time, then name.
+bool CreatedBefore(const v1::Object& a, const v1::Object& b) {
+  const auto& ta = a.metadata().creation_timestamp();
+  const auto& tb = b.metadata().creation_timestamp();
+  if (ta.seconds() != tb.seconds()) return ta.seconds() < tb.seconds();
+  if (ta.nanos() != tb.nanos()) return ta.nanos() < tb.nanos();
+  return a.metadata().name() < b.metadata().name();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CcrController>> CcrController::Start(Options options) {
+  if (options.shard_client == nullptr || options.shard_informers == nullptr ||
+      options.cache_informers == nullptr || options.writer == nullptr || options.ccrs == nullptr ||
+      options.cache_ccrs == nullptr || options.workers < 1) {
+    return absl::InvalidArgumentError("CcrController: missing dependencies");
+  }
+  std::unique_ptr<CcrController> c(new CcrController(std::move(options)));
+  WorkQueue::Options q;
+  q.name = kController;
+  q.clock = c->options_.clock;
+  q.registry = c->options_.registry;
+  ASSIGN_OR_RETURN(c->queue_, WorkQueue::Create(std::move(q)));
+
+  CcrController* raw = c.get();
+  ResourceEventHandlerFuncs ccr_funcs;
+  ccr_funcs.on_add = [raw](const ObjectRef& o, bool) {
+    raw->Enqueue(o->metadata());
+    raw->EnqueueCluster(o->metadata().cluster());
+  };
+  ccr_funcs.on_update = [raw](const ObjectRef& old_object, const ObjectRef& o) {
+    raw->Enqueue(o->metadata());
+    // Validity depends on the other CCRs of the cluster: only a spec change or a deletion can
+    // change it (status updates do not).
+    if (old_object->metadata().generation() != o->metadata().generation() ||
+        old_object->metadata().has_deletion_timestamp() != o->metadata().has_deletion_timestamp()) {
+      raw->EnqueueCluster(o->metadata().cluster());
+    }
+  };
+  ccr_funcs.on_delete = [raw](const ObjectRef& o) {
+    raw->Enqueue(o->metadata());
+    raw->EnqueueCluster(o->metadata().cluster());
+  };
+  SharedInformer::HandlerOptions handler_options;
+  handler_options.resync_period = c->options_.resync_period;
+  ASSIGN_OR_RETURN(c->ccrs_registration_, c->options_.ccrs->AddEventHandler(
+                                              MakeHandler(std::move(ccr_funcs)), handler_options));
+  ResourceEventHandlerFuncs copy_funcs;
+  copy_funcs.on_add = [raw](const ObjectRef& o, bool) { raw->Enqueue(o->metadata()); };
+  copy_funcs.on_update = [raw](const ObjectRef&, const ObjectRef& o) {
+    raw->Enqueue(o->metadata());
+  };
+  copy_funcs.on_delete = [raw](const ObjectRef& o) { raw->Enqueue(o->metadata()); };
+  ASSIGN_OR_RETURN(
+      c->cache_ccrs_registration_,
+      c->options_.cache_ccrs->AddEventHandler(MakeHandler(std::move(copy_funcs)), handler_options));
+  c->resources_subscription_ =
+      c->options_.shard_informers->Subscribe([raw](const ResourceEvent& event) {
+        bool served = event.type == ResourceEvent::Type::kServed;
+        raw->EnqueueNaming(event.resource, /*reset=*/served);
+      });
+  for (int i = 0; i < c->options_.workers; ++i) c->workers_.emplace_back([raw] { raw->Worker(); });
+  return c;
+}
+
+CcrController::CcrController(Options options) : options_(std::move(options)) {}
+
+CcrController::~CcrController() { Stop(); }
+
+void CcrController::Stop() {
+  {
+    absl::MutexLock l(&mu_);
+    if (stopped_) return;
+    stopped_ = true;
+  }
+  ccrs_registration_.reset();
+  cache_ccrs_registration_.reset();
+  resources_subscription_.Cancel();
+  if (queue_ != nullptr) queue_->ShutDown();
+  for (std::thread& t : workers_) t.join();
+  workers_.clear();
+  std::map<std::string, std::unique_ptr<ReplicationController>> controllers;
+  {
+    absl::MutexLock l(&mu_);
+    controllers.swap(controllers_);
+  }
+  controllers.clear();  // each stops: handlers removed, queue shut down, workers joined
+}
+
+void CcrController::Enqueue(const v1::ObjectMeta& ccr) {
+  queue_->Add(CcrKey(ccr.cluster(), ccr.name()));
+}
+
+void CcrController::EnqueueCluster(const std::string& cluster) {
+  for (const ObjectRef& o : options_.ccrs->store().List()) {
+    if (o->metadata().cluster() == cluster) Enqueue(o->metadata());
+  }
+}
+
+void CcrController::EnqueueNaming(const v1::GroupVersionResource& resource, bool reset) {
+  for (const ObjectRef& o : options_.ccrs->store().List()) {
+    absl::StatusOr<CcrSpec> spec = ParseCcrSpec(*o, nullptr);
+    if (!spec.ok() || GvrKey(spec->resource) != GvrKey(resource)) continue;
+    std::string key = CcrKey(o->metadata().cluster(), o->metadata().name());
+    if (reset) queue_->Forget(key);
+    queue_->Add(key);
+  }
+}
+
+void CcrController::Worker() {
+  while (std::optional<std::string> key = queue_->Get()) {
+    absl::Time start = options_.clock->Now();
+    switch (Reconcile(*key)) {
+      case Next::kDone:
+        queue_->Forget(*key);
+        break;
+      case Next::kRetry:
+        queue_->AddRateLimited(*key);
+        break;
+      case Next::kSoon:
+        queue_->AddAfter(*key, absl::Milliseconds(100));
+        break;
+    }
+    queue_->Done(*key);
+    if (options_.metrics != nullptr) {
+      options_.metrics->ObserveReconcile(kController,
+                                         absl::ToDoubleSeconds(options_.clock->Now() - start));
+    }
+  }
+}
+
+v1::Fence CcrController::Fence() const {
+  v1::Fence f;
+  f.set_shard(options_.shard);
+  f.set_epoch(options_.epoch);
+  return f;
+}
+
+void CcrController::CheckFenced(const absl::Status& status) {
+  if (absl::IsFailedPrecondition(status) && absl::StartsWith(status.message(), "fenced") &&
+      options_.on_fenced) {
+    options_.on_fenced(status);
+  }
+}
+
+std::unique_ptr<ReplicationController> CcrController::TakeController(const std::string& key) {
+  absl::MutexLock l(&mu_);
+  auto it = controllers_.find(key);
+  if (it == controllers_.end()) return nullptr;
+  std::unique_ptr<ReplicationController> c = std::move(it->second);
+  controllers_.erase(it);
+  return c;
+}
+
+ObjectRef CcrController::EarlierDuplicate(const v1::Object& ccr, const CcrSpec& spec) const {
+  ObjectRef first;
+  for (const ObjectRef& o : options_.ccrs->store().List()) {
+    if (o->metadata().cluster() != ccr.metadata().cluster() ||
+        o->metadata().name() == ccr.metadata().name() || !CreatedBefore(*o, ccr)) {
+      continue;
+    }
+    absl::StatusOr<CcrSpec> other = ParseCcrSpec(*o, nullptr);
+    if (!other.ok() || GroupResourceKey(other->resource) != GroupResourceKey(spec.resource)) {
+      continue;
+    }
+    if (first == nullptr || CreatedBefore(*o, *first)) first = o;
+  }
+  return first;
+}
+
+absl::StatusOr<std::shared_ptr<SharedInformer>> CcrController::CacheInformer(
+    const v1::GroupVersionResource& resource, const std::string& cluster) {
+  RETURN_IF_ERROR(options_.cache_informers->ServeAlways(resource));
+  ListWatchFilters filters;
+  filters.shard = options_.shard;
+  filters.cluster = cluster;
+  return options_.cache_informers->ForResource(resource, filters);
+}
+
+int64_t CcrController::Purge(const v1::GroupVersionResource& resource, const std::string& cluster) {
+  absl::StatusOr<std::shared_ptr<SharedInformer>> informer = CacheInformer(resource, cluster);
+  if (!informer.ok() || !(*informer)->HasSynced()) return -1;
+  std::vector<ObjectRef> copies = (*informer)->store().List();
+  for (const ObjectRef& copy : copies) {
+    v1::WriteRequest request;
+    v1::DeleteRequest& del = *request.mutable_delete_();
+    *del.mutable_resource() = resource;
+    del.set_shard(options_.shard);
+    del.set_cluster(cluster);
+    del.set_namespace_(copy->metadata().namespace_());
+    del.set_name(copy->metadata().name());
+    // A failed delete shows as a copy still there at the next reconcile, which tries again.
+    (void)options_.writer->Write(std::move(request),
+                                 [](const absl::Status&, const v1::WriteResponse&) {});
+  }
+  return static_cast<int64_t>(copies.size());
+}
+
+void CcrController::SyncCopy(const std::string& cluster, const std::string& name,
+                             const v1::Object* ccr) {
+  ObjectRef copy = options_.cache_ccrs->store().Get(ObjectKey(options_.shard, cluster, "", name));
+  v1::WriteRequest request;
+  if (ccr != nullptr) {
+    v1::Object desired = ProjectCopy(*ccr, options_.shard);
+    if (copy != nullptr && CopyUpToDate(desired, *copy)) return;
+    *request.mutable_upsert()->mutable_resource() = CcrResource();
+    *request.mutable_upsert()->mutable_object() = std::move(desired);
+  } else {
+    if (copy == nullptr) return;
+    v1::DeleteRequest& del = *request.mutable_delete_();
+    *del.mutable_resource() = CcrResource();
+    del.set_shard(options_.shard);
+    del.set_cluster(cluster);
+    del.set_name(name);
+  }
+  // The copies informer sees the result and enqueues the CCR again if it still differs; a write
+  // that fails is retried on the CCR's next reconcile (the resync, at the latest).
+  std::string key = CcrKey(cluster, name);
+  WorkQueue* queue = queue_.get();
+  (void)options_.writer->Write(std::move(request),
+                               [queue, key](const absl::Status& s, const v1::WriteResponse&) {
+                                 if (!s.ok() && !absl::IsCancelled(s) && !absl::IsNotFound(s)) {
+                                   queue->AddRateLimited(key);
+                                 }
+                               });
+}
+
+absl::StatusOr<v1::Object> CcrController::WriteStatus(const v1::Object& ccr,
+                                                      const CcrState& state) {
+  google::protobuf::Struct status = CcrStatusStruct(state, ccr.status(), options_.clock->Now());
+  if (StatusEquals(status, ccr.status())) return ccr;
+  v1::UpdateRequest request;
+  *request.mutable_resource() = CcrResource();
+  *request.mutable_object() = ccr;
+  *request.mutable_object()->mutable_status() = std::move(status);
+  *request.mutable_fence() = Fence();
+  absl::StatusOr<v1::Object> updated = options_.shard_client->UpdateStatus(request);
+  if (!updated.ok()) {
+    CheckFenced(updated.status());
+    return updated.status();
+  }
+  spdlog::info(
+      "clustercachedresource {}|{}: phase {}, ResourceValid={} ({}), "
+      "ReplicationStarted={} ({}), counts local={} cache={}",
+      ccr.metadata().cluster(), ccr.metadata().name(), PhaseName(state.phase),
+      state.valid ? "True" : "False", state.valid_reason, state.started ? "True" : "False",
+      state.started_reason, state.local_count, state.cache_count);
+  return updated;
+}
+
+CcrController::Next CcrController::Reconcile(const std::string& key) {
+  auto [cluster, name] = SplitCcrKey(key);
+  ObjectRef ccr = options_.ccrs->store().Get(key);
+  if (ccr == nullptr) {
+    TakeController(key).reset();
+    if (options_.metrics != nullptr) options_.metrics->RemoveCacheObjects(cluster, name);
+    SyncCopy(cluster, name, nullptr);
+    return Next::kDone;
+  }
+
+  CcrState state;
+  state.generation = ccr->metadata().generation();
+  CcrInvalid invalid;
+  absl::StatusOr<CcrSpec> spec = ParseCcrSpec(*ccr, &invalid);
+  ObjectRef duplicate_of = spec.ok() ? EarlierDuplicate(*ccr, *spec) : nullptr;
+  state.valid = spec.ok() && duplicate_of == nullptr;
+  if (!spec.ok()) {
+    state.valid_reason = invalid.reason;
+    state.valid_message = invalid.message;
+  } else if (duplicate_of != nullptr) {
+    state.valid_reason = "DuplicateResource";
+    state.valid_message = absl::StrCat("clustercachedresource \"", duplicate_of->metadata().name(),
+                                       "\" in cluster \"", cluster, "\" already replicates ",
+                                       GroupResourceKey(spec->resource),
+                                       "; only the first one for a resource is used");
+  } else {
+    state.valid_reason = "Valid";
+    state.valid_message = absl::StrCat(
+        "replicates ", GvrKey(spec->resource), " in cluster \"", cluster, "\"",
+        spec->selector_string.empty() ? std::string()
+                                      : absl::StrCat(" matching \"", spec->selector_string, "\""));
+  }
+
+  if (ccr->metadata().has_deletion_timestamp()) {
+    return ReconcileDeleting(*ccr, spec, state.valid, &state);
+  }
+  if (!HasFinalizer(*ccr)) {
+    v1::UpdateRequest request;
+    *request.mutable_resource() = CcrResource();
+    *request.mutable_object() = *ccr;
+    request.mutable_object()->mutable_metadata()->add_finalizers(kReplicatorFinalizer);
+    *request.mutable_fence() = Fence();
+    absl::StatusOr<v1::Object> updated = options_.shard_client->Update(request);
+    if (!updated.ok()) {
+      CheckFenced(updated.status());
+      spdlog::warn("clustercachedresource {}|{}: adding the finalizer failed: {}", cluster, name,
+                   updated.status().ToString());
+      return Next::kRetry;
+    }
+    return Next::kDone;  // the update comes back through the informer
+  }
+
+  Next next = Next::kDone;
+  std::unique_ptr<ReplicationController> old;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = controllers_.find(key);
+    if (it != controllers_.end()) {
+      const CcrSpec& running = it->second->spec();
+      bool same = state.valid && GvrKey(running.resource) == GvrKey(spec->resource) &&
+                  running.selector_string == spec->selector_string;
+      if (!same || it->second->Stopped()) {
+        old = std::move(it->second);
+        controllers_.erase(it);
+      }
+    }
+  }
+  absl::Status old_stop_reason = absl::OkStatus();
+  if (old != nullptr) {
+    old_stop_reason = old->Stopped() ? old->StopReason() : absl::OkStatus();
+    v1::GroupVersionResource old_resource = old->spec().resource;
+    old.reset();
+    // Copies under a resource that this CCR no longer names go.
+    if (!state.valid || GvrKey(old_resource) != GvrKey(spec->resource)) {
+      if (!state.valid && spec.ok() && duplicate_of != nullptr) {
+        // Another CCR owns the resource now: leave its copies alone.
+      } else {
+        Purge(old_resource, cluster);
+      }
+    }
+  }
+
+  if (!state.valid) {
+    state.started = false;
+    state.started_reason = "InvalidResource";
+    state.started_message = "nothing is replicated while ResourceValid is False";
+  } else if (!options_.shard_informers->IsServed(spec->resource)) {
+    state.started = false;
+    state.started_reason = "ResourceNotServed";
+    state.started_message = absl::StrCat(
+        "the shard does not serve ", GvrKey(spec->resource),
+        ": no ResourceDefinition defines it in this version; replication starts when one does");
+    int64_t left = Purge(spec->resource, cluster);
+    state.cache_count = std::max<int64_t>(left, 0);
+    next = Next::kRetry;
+  } else {
+    ReplicationController* running = nullptr;
+    {
+      absl::MutexLock l(&mu_);
+      auto it = controllers_.find(key);
+      if (it != controllers_.end()) running = it->second.get();
+    }
+    absl::Status failed = absl::OkStatus();
+    if (running == nullptr) {
+      ListWatchFilters local_filters;
+      local_filters.cluster = cluster;
+      absl::StatusOr<std::shared_ptr<SharedInformer>> local =
+          options_.shard_informers->ForResource(spec->resource, local_filters);
+      absl::StatusOr<std::shared_ptr<SharedInformer>> copies =
+          CacheInformer(spec->resource, cluster);
+      if (!local.ok()) {
+        failed = local.status();
+      } else if (!copies.ok()) {
+        failed = copies.status();
+      } else {
+        ReplicationController::Options o;
+        o.shard = options_.shard;
+        o.cluster = cluster;
+        o.ccr_name = name;
+        o.spec = *spec;
+        o.workers = options_.workers;
+        o.resync_period = options_.resync_period;
+        o.clock = options_.clock;
+        o.writer = options_.writer;
+        o.metrics = options_.metrics;
+        o.registry = options_.registry;
+        WorkQueue* queue = queue_.get();
+        o.on_stopped = [queue, key](const absl::Status&) { queue->Add(key); };
+        o.on_change = [queue, key] { queue->AddAfter(key, absl::Milliseconds(300)); };
+        absl::StatusOr<std::unique_ptr<ReplicationController>> started =
+            ReplicationController::Start(std::move(o), *local, *copies);
+        if (!started.ok()) {
+          failed = started.status();
+        } else {
+          running = started->get();
+          absl::MutexLock l(&mu_);
+          controllers_[key] = *std::move(started);
+        }
+      }
+    }
+    if (running == nullptr) {
+      state.started = false;
+      bool unserved = absl::IsNotFound(failed);
+      state.started_reason = unserved ? "ResourceNotServed" : "InformerStopped";
+      state.started_message = absl::StrCat(
+          unserved ? "the shard does not serve " : "the informers of ", GvrKey(spec->resource),
+          unserved ? "" : " are not available",
+          old_stop_reason.ok()
+              ? ""
+              : absl::StrCat(" (replication stopped: ", old_stop_reason.message(), ")"),
+          ": ", failed.message(), "; retrying");
+      next = Next::kRetry;
+    } else if (!running->HasSynced()) {
+      state.started = false;
+      state.started_reason = "WaitingForSync";
+      state.started_message = "replication waits for the informers' initial lists";
+      state.local_count = running->LocalCount();
+      state.cache_count = running->CacheCount();
+      next = Next::kSoon;
+    } else {
+      state.started = true;
+      state.started_reason = "Started";
+      state.local_count = running->LocalCount();
+      state.cache_count = running->CacheCount();
+      state.started_message =
+          absl::StrCat("replicating ", GvrKey(spec->resource), " into the cache");
+    }
+  }
+  state.phase =
+      state.valid && state.started ? CcrState::Phase::kReady : CcrState::Phase::kInitializing;
+  if (options_.metrics != nullptr) {
+    options_.metrics->SetCacheObjects(cluster, name, state.cache_count);
+  }
+  absl::StatusOr<v1::Object> stored = WriteStatus(*ccr, state);
+  if (!stored.ok()) {
+    if (!absl::IsAborted(stored.status())) {
+      spdlog::warn("clustercachedresource {}|{}: writing the status failed: {}", cluster, name,
+                   stored.status().ToString());
+    }
+    return Next::kRetry;  // a conflict: the informer brings the newer CCR
+  }
+  SyncCopy(cluster, name, &*stored);
+  return next;
+}
+
+CcrController::Next CcrController::ReconcileDeleting(const v1::Object& ccr,
+                                                     const absl::StatusOr<CcrSpec>& spec,
+                                                     bool owner, CcrState* state) {
+  const std::string& cluster = ccr.metadata().cluster();
+  const std::string& name = ccr.metadata().name();
+  std::string key = CcrKey(cluster, name);
+  TakeController(key).reset();
+  state->started = false;
+  state->started_reason = "Deleting";
+  state->started_message = "the clustercachedresource is being deleted; its copies are removed";
+  if (!HasFinalizer(ccr)) {
+    // Not ours to hold: only keep the copy of the CCR current.
+    SyncCopy(cluster, name, &ccr);
+    return Next::kDone;
+  }
+  // Deleting is shown before anything is purged, so that it is seen even with no copies.
+  auto phase = ccr.status().fields().find("phase");
+  bool shown = phase != ccr.status().fields().end() &&
+               (phase->second.string_value() == PhaseName(CcrState::Phase::kDeleting) ||
+                phase->second.string_value() == PhaseName(CcrState::Phase::kDeleted));
+  int64_t left = -1;
+  if (shown) left = owner && spec.ok() ? Purge(spec->resource, cluster) : 0;
+  state->cache_count = std::max<int64_t>(left, 0);
+  state->phase = left == 0 ? CcrState::Phase::kDeleted : CcrState::Phase::kDeleting;
+  if (options_.metrics != nullptr) {
+    options_.metrics->SetCacheObjects(cluster, name, state->cache_count);
+  }
+  absl::StatusOr<v1::Object> stored = WriteStatus(ccr, *state);
+  if (!stored.ok()) return Next::kRetry;
+  SyncCopy(cluster, name, &*stored);
+  if (left != 0) return Next::kSoon;  // until the cache informer shows the copies gone
+
+  v1::UpdateRequest request;
+  *request.mutable_resource() = CcrResource();
+  *request.mutable_object() = *stored;
+  auto* finalizers = request.mutable_object()->mutable_metadata()->mutable_finalizers();
+  finalizers->erase(std::remove(finalizers->begin(), finalizers->end(), kReplicatorFinalizer),
+                    finalizers->end());
+  *request.mutable_fence() = Fence();
+  absl::StatusOr<v1::Object> updated = options_.shard_client->Update(request);
+  if (!updated.ok()) {
+    CheckFenced(updated.status());
+    if (!absl::IsNotFound(updated.status())) {
+      spdlog::warn("clustercachedresource {}|{}: removing the finalizer failed: {}", cluster, name,
+                   updated.status().ToString());
+      return Next::kRetry;
+    }
+  }
+  spdlog::info("clustercachedresource {}|{}: copies purged, finalizer removed", cluster, name);
+  return Next::kDone;
+}
+
+}  // namespace shardcache

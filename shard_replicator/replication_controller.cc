@@ -1,0 +1,319 @@
+#include "shard_replicator/replication_controller.h"
+
+#include <spdlog/spdlog.h>
+
+#include <map>
+#include <optional>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/object_key.h"
+#include "common/status_macros.h"
+
+namespace shardcache {
+
+// The state that write answers update. Answers arrive on gRPC threads, possibly after the
+// controller is gone: they hold this by shared_ptr, and the queue ignores adds once shut down.
+struct ReplicationController::Shared {
+  // The last acknowledged write of a key, until the cache informer has caught up with it: the
+  // copy as written (null: deleted) and its cache revision (for a delete: the revision of the
+  // copy that was deleted).
+  struct Written {
+    ObjectRef object;
+    int64_t revision = 0;
+  };
+
+  std::unique_ptr<WorkQueue> queue;  // thread-safe
+  const Clock* clock = nullptr;
+  ReplicatorMetrics* metrics = nullptr;
+
+  absl::Mutex mu;
+  std::set<std::string> inflight ABSL_GUARDED_BY(mu);  // keys with a write not yet answered
+  std::set<std::string> again ABSL_GUARDED_BY(mu);     // ... that changed meanwhile
+  std::map<std::string, Written> written ABSL_GUARDED_BY(mu);
+  // When the first local change of a key not yet written was seen (replication lag).
+  std::map<std::string, absl::Time> seen ABSL_GUARDED_BY(mu);
+};
+
+namespace {
+
+// "namespace\0name": a key of the controller's queue.
+std::string QueueKey(const v1::ObjectMeta& m) {
+  return absl::StrCat(m.namespace_(), std::string(1, '\0'), m.name());
+}
+
+std::pair<std::string, std::string> SplitQueueKey(const std::string& key) {
+  size_t zero = key.find('\0');
+  if (zero == std::string::npos) return {"", key};
+  return {key.substr(0, zero), key.substr(zero + 1)};
+}
+
+enum class Outcome { kDone, kWriting, kRetry };
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ReplicationController>> ReplicationController::Start(
+    Options options, std::shared_ptr<SharedInformer> local, std::shared_ptr<SharedInformer> cache) {
+  if (options.writer == nullptr || local == nullptr || cache == nullptr || options.workers < 1) {
+    return absl::InvalidArgumentError(
+        "a replication controller needs a writer, two informers "
+        "and at least one worker");
+  }
+  std::unique_ptr<ReplicationController> c(
+      new ReplicationController(std::move(options), std::move(local), std::move(cache)));
+  WorkQueue::Options q;
+  q.name = "replication";
+  q.clock = c->options_.clock;
+  q.registry = c->options_.registry;
+  ASSIGN_OR_RETURN(c->shared_->queue, WorkQueue::Create(std::move(q)));
+
+  c->local_stopped_ =
+      c->local_->OnStopped([raw = c.get()](const absl::Status& s) { raw->InformerStopped(s); });
+  c->cache_stopped_ =
+      c->cache_->OnStopped([raw = c.get()](const absl::Status& s) { raw->InformerStopped(s); });
+  SharedInformer::HandlerOptions handler_options;
+  handler_options.resync_period = c->options_.resync_period;
+  ASSIGN_OR_RETURN(c->local_registration_,
+                   c->local_->AddEventHandler(c->Handler(true), handler_options));
+  ASSIGN_OR_RETURN(c->cache_registration_,
+                   c->cache_->AddEventHandler(c->Handler(false), handler_options));
+  if (c->Stopped()) return absl::FailedPreconditionError(c->StopReason().ToString());
+  for (int i = 0; i < c->options_.workers; ++i)
+    c->workers_.emplace_back([raw = c.get()] { raw->Worker(); });
+  if (c->options_.metrics != nullptr) c->options_.metrics->replication_controllers.Increment();
+  spdlog::info(
+      "replication of {} in cluster {} (clustercachedresource {}) started, selector \"{}\"",
+      GvrKey(c->options_.spec.resource), c->options_.cluster, c->options_.ccr_name,
+      c->options_.spec.selector_string);
+  return c;
+}
+
+ReplicationController::ReplicationController(Options options, std::shared_ptr<SharedInformer> local,
+                                             std::shared_ptr<SharedInformer> cache)
+    : options_(std::move(options)),
+      local_(std::move(local)),
+      cache_(std::move(cache)),
+      shared_(std::make_shared<Shared>()) {
+  shared_->clock = options_.clock;
+  shared_->metrics = options_.metrics;
+}
+
+ReplicationController::~ReplicationController() { Stop(); }
+
+void ReplicationController::Stop() {
+  {
+    absl::MutexLock l(&mu_);
+    if (joined_) return;
+    joined_ = true;
+    if (!stopped_) {
+      stopped_ = true;
+      stop_reason_ = absl::CancelledError("the replication controller was stopped");
+    }
+  }
+  // No handler runs after these return; then nothing adds to the queue but write answers,
+  // which the shut-down queue ignores.
+  local_registration_.reset();
+  cache_registration_.reset();
+  local_stopped_.Cancel();
+  cache_stopped_.Cancel();
+  if (shared_->queue != nullptr) shared_->queue->ShutDown();
+  for (std::thread& t : workers_) t.join();
+  if (!workers_.empty() && options_.metrics != nullptr) {
+    options_.metrics->replication_controllers.Decrement();
+  }
+  workers_.clear();
+  spdlog::info("replication of {} in cluster {} (clustercachedresource {}) stopped",
+               GvrKey(options_.spec.resource), options_.cluster, options_.ccr_name);
+}
+
+void ReplicationController::InformerStopped(const absl::Status& reason) {
+  {
+    absl::MutexLock l(&mu_);
+    if (stopped_) return;
+    stopped_ = true;
+    stop_reason_ = reason;
+  }
+  // No write is started after this: the workers see the queue shut down.
+  if (shared_->queue != nullptr) shared_->queue->ShutDown();
+  spdlog::warn(
+      "replication of {} in cluster {} (clustercachedresource {}) stops: an informer "
+      "stopped: {}",
+      GvrKey(options_.spec.resource), options_.cluster, options_.ccr_name, reason.ToString());
+  if (options_.on_stopped) options_.on_stopped(reason);
+}
+
+bool ReplicationController::HasSynced() const {
+  return local_registration_ != nullptr && cache_registration_ != nullptr &&
+         local_registration_->HasSynced() && cache_registration_->HasSynced();
+}
+
+bool ReplicationController::Stopped() const {
+  absl::MutexLock l(&mu_);
+  return stopped_;
+}
+
+absl::Status ReplicationController::StopReason() const {
+  absl::MutexLock l(&mu_);
+  return stop_reason_;
+}
+
+bool ReplicationController::Matches(const v1::Object& object) const {
+  return options_.spec.selector.Matches(object.metadata().labels());
+}
+
+int64_t ReplicationController::LocalCount() const {
+  int64_t n = 0;
+  for (const ObjectRef& o : local_->store().List()) n += Matches(*o) ? 1 : 0;
+  return n;
+}
+
+int64_t ReplicationController::CacheCount() const {
+  return static_cast<int64_t>(cache_->store().Size());
+}
+
+std::shared_ptr<ResourceEventHandler> ReplicationController::Handler(bool local_side) {
+  std::shared_ptr<Shared> shared = shared_;
+  auto on_change = options_.on_change;
+  const Clock* clock = options_.clock;
+  auto changed = [shared, on_change, clock, local_side](const ObjectRef& object) {
+    std::string key = QueueKey(object->metadata());
+    {
+      absl::MutexLock l(&shared->mu);
+      if (local_side) {
+        shared->seen.emplace(key, clock->Now());
+      } else {
+        // The cache informer caught up with the last write of this key: forget it.
+        auto w = shared->written.find(key);
+        if (w != shared->written.end() && ResourceVersionNumber(*object) >= w->second.revision) {
+          shared->written.erase(w);
+        }
+      }
+    }
+    shared->queue->Add(key);
+    if (on_change) on_change();
+  };
+  ResourceEventHandlerFuncs funcs;
+  funcs.on_add = [changed](const ObjectRef& o, bool) { changed(o); };
+  funcs.on_update = [changed](const ObjectRef&, const ObjectRef& o) { changed(o); };
+  funcs.on_delete = [changed](const ObjectRef& o) { changed(o); };
+  return MakeHandler(std::move(funcs));
+}
+
+void ReplicationController::Worker() {
+  WorkQueue& queue = *shared_->queue;
+  while (std::optional<std::string> key = queue.Get()) {
+    absl::Time start = options_.clock->Now();
+    if (Reconcile(*key)) queue.Forget(*key);
+    queue.Done(*key);
+    if (options_.metrics != nullptr) {
+      options_.metrics->ObserveReconcile("replication",
+                                         absl::ToDoubleSeconds(options_.clock->Now() - start));
+    }
+  }
+}
+
+bool ReplicationController::Reconcile(const std::string& key) {
+  auto [ns, name] = SplitQueueKey(key);
+  ObjectRef local = local_->store().Get(ObjectKey("", options_.cluster, ns, name));
+  ObjectRef copy = cache_->store().Get(ObjectKey(options_.shard, options_.cluster, ns, name));
+  std::shared_ptr<Shared> shared = shared_;
+  {
+    absl::MutexLock l(&shared->mu);
+    if (shared->inflight.count(key) > 0) {
+      shared->again.insert(key);  // reconciled again once the write in flight is answered
+      return true;
+    }
+    // The cache informer may not have seen our last write yet: trust the write.
+    auto w = shared->written.find(key);
+    if (w != shared->written.end()) {
+      int64_t seen_revision = copy != nullptr ? ResourceVersionNumber(*copy) : 0;
+      if (w->second.object != nullptr && seen_revision < w->second.revision) {
+        copy = w->second.object;
+      } else if (w->second.object == nullptr && copy != nullptr &&
+                 seen_revision <= w->second.revision) {
+        copy = nullptr;
+      }
+    }
+  }
+
+  std::optional<v1::Object> desired;
+  if (local != nullptr && Matches(*local)) desired = ProjectCopy(*local, options_.shard);
+  v1::WriteRequest request;
+  int64_t deleted_revision = 0;
+  if (desired.has_value()) {
+    if (copy != nullptr && CopyUpToDate(*desired, *copy)) {
+      absl::MutexLock l(&shared->mu);
+      shared->seen.erase(key);
+      return true;
+    }
+    v1::UpdateRequest& upsert = *request.mutable_upsert();
+    *upsert.mutable_resource() = options_.spec.resource;
+    *upsert.mutable_object() = *std::move(desired);
+  } else {
+    if (copy == nullptr) {
+      absl::MutexLock l(&shared->mu);
+      shared->seen.erase(key);
+      return true;
+    }
+    v1::DeleteRequest& del = *request.mutable_delete_();
+    *del.mutable_resource() = options_.spec.resource;
+    del.set_shard(options_.shard);
+    del.set_cluster(options_.cluster);
+    del.set_namespace_(ns);
+    del.set_name(name);
+    deleted_revision = ResourceVersionNumber(*copy);
+  }
+  bool is_delete = request.has_delete_();
+  {
+    absl::MutexLock l(&shared->mu);
+    shared->inflight.insert(key);
+  }
+  absl::Status sent = options_.writer->Write(
+      std::move(request), [shared, key, is_delete, deleted_revision](
+                              const absl::Status& status, const v1::WriteResponse& answer) {
+        absl::MutexLock l(&shared->mu);
+        shared->inflight.erase(key);
+        bool again = shared->again.erase(key) > 0;
+        bool gone = is_delete && absl::IsNotFound(status);
+        if (status.ok() || gone) {
+          Shared::Written w;
+          if (is_delete) {
+            w.revision = deleted_revision;
+          } else {
+            w.object = std::make_shared<const v1::Object>(answer.object());
+            w.revision = ResourceVersionNumber(answer.object());
+          }
+          shared->written[key] = std::move(w);
+          auto seen = shared->seen.find(key);
+          if (seen != shared->seen.end()) {
+            if (shared->metrics != nullptr) {
+              shared->metrics->ObserveLag(
+                  absl::ToDoubleSeconds(shared->clock->Now() - seen->second));
+            }
+            shared->seen.erase(seen);
+          }
+          if (shared->metrics != nullptr && status.ok()) {
+            shared->metrics->WriteAcknowledged(is_delete ? "delete" : "upsert");
+          }
+          shared->queue->Forget(key);
+          if (again) shared->queue->Add(key);
+        } else if (!absl::IsCancelled(status)) {
+          spdlog::debug("cache write of {} failed: {}", key, status.ToString());
+          shared->queue->AddRateLimited(key);
+        }
+      });
+  if (!sent.ok()) {
+    absl::MutexLock l(&shared->mu);
+    shared->inflight.erase(key);
+    shared->again.erase(key);
+    if (absl::IsCancelled(sent)) return true;  // the term is ending
+    spdlog::debug("cache write of {} not sent: {}", key, sent.ToString());
+    shared->queue->AddRateLimited(key);
+    return false;
+  }
+  return false;  // the answer decides whether to forget the key's backoff
+}
+
+}  // namespace shardcache

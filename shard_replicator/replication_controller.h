@@ -1,0 +1,133 @@
+// ReplicationController: keeps the cache equal to one ClusterCachedResource's projection of the
+// shard: every local object of the CCR's resource in the CCR's cluster that matches its selector
+// has an equal copy in the cache (see ProjectCopy), and no other copy of that resource and
+// cluster from this shard exists there.
+//
+// It lives inside one leadership term, for one CCR spec. It takes two running informers from
+// the process's DynamicInformerFactories (which outlive it): `local` (the resource in the CCR's
+// cluster, in the shard store) and `cache` (the copies: same resource, this shard and cluster,
+// in the cache). Start adds its event handlers to both; every change on either side enqueues the
+// object's key, and a worker reconciles the key from the two caches:
+//   local matches, copy missing or different -> upsert the copy (restores a copy that someone
+//                                                else changed or deleted)
+//   no matching local object, copy present    -> delete the copy (local deletes, selector
+//                                                changes, copies that nothing backs)
+// A new term (or a new controller) starts with the informers' full lists as adds: a full resync.
+//
+// It stops by itself when one of its informers stops (e.g. the resource's definition was
+// deleted): the queue is shut down at once (no write is sent after that), and `on_stopped` tells
+// the owner, who destroys it and creates a new one when that becomes possible. Stop() (or the
+// destructor) removes the handlers, shuts the queue down and joins the workers.
+//
+// Writes go through the term's CacheWriter, without waiting for their answers (pipelined); a key
+// with a write in flight is reconciled again after its answer if it changed meanwhile. A failed
+// write is retried with the queue's per-key backoff.
+//
+// Threads: Start, Stop and the destructor from the owner's thread (not from on_stopped or
+// on_change); the accessors from any thread. on_stopped and on_change run on informer threads and
+// must not block.
+#ifndef SHARDCACHE_SHARD_REPLICATOR_REPLICATION_CONTROLLER_H_
+#define SHARDCACHE_SHARD_REPLICATOR_REPLICATION_CONTROLLER_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "common/shared_informer.h"
+#include "common/work_queue.h"
+#include "shard_replicator/cache_writer.h"
+#include "shard_replicator/cluster_cached_resource.h"
+#include "shard_replicator/replicator_metrics.h"
+
+namespace shardcache {
+
+class ReplicationController {
+ public:
+  struct Options {
+    // This shard (the copies' metadata.shard).
+    std::string shard;
+    // The CCR's logical cluster and name (for logs and metrics).
+    std::string cluster;
+    std::string ccr_name;
+    CcrSpec spec;
+    int workers = 4;
+    // Every object is reconciled again this often (0: never).
+    absl::Duration resync_period = absl::ZeroDuration();
+    const Clock* clock = RealClock::Get();
+    // Not owned; must outlive the controller.
+    CacheWriter* writer = nullptr;
+    ReplicatorMetrics* metrics = nullptr;
+    // For the queue's metrics (name "replication"); may be null.
+    std::shared_ptr<prometheus::Registry> registry;
+    // An informer stopped, so the controller did (with the informer's reason).
+    std::function<void(const absl::Status&)> on_stopped;
+    // Something that the CCR's status counts changed.
+    std::function<void()> on_change;
+  };
+
+  // Adds the handlers and starts the workers. FAILED_PRECONDITION when an informer has stopped
+  // already (the caller tries again later with new informers).
+  static absl::StatusOr<std::unique_ptr<ReplicationController>> Start(
+      Options options, std::shared_ptr<SharedInformer> local,
+      std::shared_ptr<SharedInformer> cache);
+
+  ~ReplicationController();
+  ReplicationController(const ReplicationController&) = delete;
+  ReplicationController& operator=(const ReplicationController&) = delete;
+
+  // Removes the handlers, shuts the queue down and joins the workers. Idempotent.
+  void Stop();
+
+  // True once both handlers have received their informer's initial list.
+  bool HasSynced() const;
+  // True once an informer stopped (or Stop was called); StopReason says why.
+  bool Stopped() const;
+  absl::Status StopReason() const;
+
+  // Local objects that match the selector, and copies in the cache: from the informers' caches.
+  int64_t LocalCount() const;
+  int64_t CacheCount() const;
+
+  const CcrSpec& spec() const { return options_.spec; }
+
+ private:
+  struct Shared;  // what write answers need, kept alive by them
+
+  ReplicationController(Options options, std::shared_ptr<SharedInformer> local,
+                        std::shared_ptr<SharedInformer> cache);
+  std::shared_ptr<ResourceEventHandler> Handler(bool local_side);
+  void InformerStopped(const absl::Status& reason);
+  void Worker();
+  // Reconciles one object ("namespace\0name"); false to retry it with backoff.
+  bool Reconcile(const std::string& key);
+  bool Matches(const v1::Object& object) const;
+
+  // Constant after construction.
+  const Options options_;
+  const std::shared_ptr<SharedInformer> local_;
+  const std::shared_ptr<SharedInformer> cache_;
+  std::shared_ptr<Shared> shared_;
+
+  // Set by Start, then constant until Stop.
+  std::unique_ptr<SharedInformer::Registration> local_registration_;
+  std::unique_ptr<SharedInformer::Registration> cache_registration_;
+  Subscription local_stopped_;
+  Subscription cache_stopped_;
+  std::vector<std::thread> workers_;
+
+  mutable absl::Mutex mu_;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  bool joined_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status stop_reason_ ABSL_GUARDED_BY(mu_) = absl::OkStatus();
+};
+
+}  // namespace shardcache
+
+#endif  // SHARDCACHE_SHARD_REPLICATOR_REPLICATION_CONTROLLER_H_

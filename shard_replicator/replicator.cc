@@ -1,0 +1,260 @@
+#include "shard_replicator/replicator.h"
+
+#include <grpcpp/create_channel.h>
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/lease_lock.h"
+#include "common/status_macros.h"
+#include "common/validation.h"
+
+namespace shardcache {
+
+// One leadership term: its epoch, the thread that starts it, and what runs while it lasts.
+struct ShardReplicator::Term {
+  int64_t epoch = 0;
+  CancellationToken cancellation;
+  std::thread starter;
+
+  absl::Mutex mu;
+  bool ending ABSL_GUARDED_BY(mu) = false;
+  std::unique_ptr<CacheWriter> writer ABSL_GUARDED_BY(mu);
+  std::unique_ptr<CcrController> controller ABSL_GUARDED_BY(mu);
+
+  explicit Term(LeadingContext context)
+      : epoch(context.epoch), cancellation(std::move(context.cancellation)) {}
+};
+
+absl::StatusOr<std::unique_ptr<ShardReplicator>> ShardReplicator::Start(Options options) {
+  RETURN_IF_ERROR(ValidateDNS1123Label("--shard", options.shard));
+  if (options.shard_store.empty()) {
+    return absl::InvalidArgumentError("--shard-store: Required value: the shard store's host:port");
+  }
+  if (options.cache.empty()) {
+    return absl::InvalidArgumentError("--cache: Required value: the cache server's host:port");
+  }
+  if (options.identity.empty()) return absl::InvalidArgumentError("--identity: Required value");
+  RETURN_IF_ERROR(ValidateClusterName("--lease-cluster", options.lease_cluster));
+  RETURN_IF_ERROR(ValidateDNS1123Label("--lease-namespace", options.lease_namespace));
+  RETURN_IF_ERROR(ValidateDNS1123Subdomain("--lease-name", options.lease_name));
+  if (options.workers < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--workers: Invalid value: ", options.workers, ": must be at least 1"));
+  }
+  if (options.resync_period < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--resync-period: Invalid value: must not be negative");
+  }
+  if (options.registry == nullptr) return absl::InvalidArgumentError("no metrics registry");
+  std::unique_ptr<ShardReplicator> r(new ShardReplicator(std::move(options)));
+  RETURN_IF_ERROR(r->Init());
+  return r;
+}
+
+ShardReplicator::ShardReplicator(Options options)
+    : options_(std::move(options)), metrics_(options_.registry) {}
+
+ShardReplicator::~ShardReplicator() { Stop(); }
+
+absl::Status ShardReplicator::Init() {
+  shard_channel_ = grpc::CreateChannel(options_.shard_store, grpc::InsecureChannelCredentials());
+  cache_channel_ = grpc::CreateChannel(options_.cache, grpc::InsecureChannelCredentials());
+  shard_stub_ = v1::Store::NewStub(shard_channel_);
+  cache_stub_ = v1::Store::NewStub(cache_channel_);
+  // Calls made while leading must end well within the margin between the renew deadline and
+  // the lease duration, so that a term's work stops before another replica can lead.
+  StoreClient::Options client;
+  client.timeout = std::max(absl::Seconds(1), options_.lease_duration - options_.renew_deadline);
+  ASSIGN_OR_RETURN(shard_client_, StoreClient::Create(shard_channel_, client));
+  ASSIGN_OR_RETURN(cache_client_, StoreClient::Create(cache_channel_, client));
+
+  DynamicInformerFactory::Options shard_factory;
+  shard_factory.follow_definitions = true;
+  shard_factory.informer.clock = options_.clock;
+  ASSIGN_OR_RETURN(shard_informers_, DynamicInformerFactory::Create(shard_stub_, shard_factory));
+  DynamicInformerFactory::Options cache_factory;
+  cache_factory.follow_definitions = false;
+  cache_factory.informer.clock = options_.clock;
+  ASSIGN_OR_RETURN(cache_informers_, DynamicInformerFactory::Create(cache_stub_, cache_factory));
+  ASSIGN_OR_RETURN(ccrs_, shard_informers_->ForResource(CcrResource()));
+  ListWatchFilters mine;
+  mine.shard = options_.shard;
+  ASSIGN_OR_RETURN(cache_ccrs_, cache_informers_->ForResource(CcrResource(), mine));
+
+  // Warm every CCR's informers now, leader or not, and again when a resource becomes served.
+  ResourceEventHandlerFuncs warm;
+  warm.on_add = [this](const ObjectRef& o, bool) { Warm(*o); };
+  warm.on_update = [this](const ObjectRef&, const ObjectRef& o) { Warm(*o); };
+  ASSIGN_OR_RETURN(warm_registration_, ccrs_->AddEventHandler(MakeHandler(std::move(warm))));
+  warm_subscription_ = shard_informers_->Subscribe([this](const ResourceEvent& event) {
+    if (event.type != ResourceEvent::Type::kServed) return;
+    for (const ObjectRef& o : ccrs_->store().List()) Warm(*o);
+  });
+
+  auto lock = std::make_shared<LeaseLock>(
+      shard_stub_,
+      LeaseLock::Options{options_.lease_cluster, options_.lease_namespace, options_.lease_name,
+                         options_.identity, std::min(options_.retry_period, absl::Seconds(2))});
+  LeaderElector::Config config;
+  config.lock = lock;
+  config.lease_duration = options_.lease_duration;
+  config.renew_deadline = options_.renew_deadline;
+  config.retry_period = options_.retry_period;
+  config.clock = options_.clock;
+  config.registry = options_.registry;
+  config.callbacks.on_started_leading = [this](LeadingContext c) { StartedLeading(std::move(c)); };
+  config.callbacks.on_stopped_leading = [this] { StoppedLeading(); };
+  config.callbacks.on_new_leader = [this](const std::string& identity) {
+    spdlog::info("the leader of shard {} is now {}", options_.shard,
+                 identity.empty() ? "nobody (the lease is free)" : identity);
+  };
+  absl::StatusOr<std::unique_ptr<LeaderElector>> elector = LeaderElector::Create(config);
+  if (!elector.ok()) {
+    // Name the flags, not the fields.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--lease-duration, --renew-deadline, --retry-period: ", elector.status().message()));
+  }
+  elector_ = *std::move(elector);
+  elector_->Run();
+  spdlog::info("replicating shard {} from {} into {} as {} (lease {})", options_.shard,
+               options_.shard_store, options_.cache, options_.identity, lock->Describe());
+  return absl::OkStatus();
+}
+
+void ShardReplicator::Warm(const v1::Object& ccr) {
+  absl::StatusOr<CcrSpec> spec = ParseCcrSpec(ccr, nullptr);
+  if (!spec.ok() || !shard_informers_->IsServed(spec->resource)) return;
+  ListWatchFilters local;
+  local.cluster = ccr.metadata().cluster();
+  (void)shard_informers_->ForResource(spec->resource, local);
+  if (!cache_informers_->ServeAlways(spec->resource).ok()) return;
+  ListWatchFilters copies;
+  copies.shard = options_.shard;
+  copies.cluster = ccr.metadata().cluster();
+  (void)cache_informers_->ForResource(spec->resource, copies);
+}
+
+absl::Status ShardReplicator::Ready() const {
+  if (!shard_informers_->HasSynced()) {
+    return absl::UnavailableError("the shard store's resource definitions have not synced");
+  }
+  if (!ccrs_->HasSynced()) {
+    return absl::UnavailableError("the shard store's clustercachedresources have not synced");
+  }
+  if (!cache_ccrs_->HasSynced()) {
+    return absl::UnavailableError(
+        "the cache's copies of this shard's clustercachedresources "
+        "have not synced");
+  }
+  return absl::OkStatus();
+}
+
+void ShardReplicator::StartedLeading(LeadingContext context) {
+  auto term = std::make_unique<Term>(std::move(context));
+  Term* raw = term.get();
+  absl::MutexLock l(&term_mu_);
+  term_ = std::move(term);
+  raw->starter = std::thread([this, raw] { RunTerm(raw); });
+}
+
+void ShardReplicator::RunTerm(Term* term) {
+  // The epoch is claimed before anything is written, so that a former leader that still
+  // believes it leads (paused, partitioned) has its writes rejected from now on.
+  v1::ClaimEpochRequest claim;
+  claim.mutable_fence()->set_shard(options_.shard);
+  claim.mutable_fence()->set_epoch(term->epoch);
+  while (true) {
+    if (term->cancellation.Cancelled()) return;
+    absl::StatusOr<v1::ClaimEpochResponse> claimed = cache_client_->ClaimEpoch(claim);
+    if (claimed.ok()) break;
+    if (absl::IsFailedPrecondition(claimed.status())) {
+      spdlog::error("the cache refused epoch {} for shard {}: {}; stopping leading", term->epoch,
+                    options_.shard, claimed.status().ToString());
+      metrics_.fenced.Increment();
+      elector_->Resign(term->epoch, "the cache holds a newer epoch for this shard");
+      return;
+    }
+    spdlog::warn("claiming epoch {} at the cache failed: {}; retrying", term->epoch,
+                 claimed.status().ToString());
+    term->cancellation.WaitForCancellation(absl::Now() + absl::Seconds(1));
+  }
+  spdlog::info("claimed epoch {} for shard {} at the cache; starting the controllers", term->epoch,
+               options_.shard);
+
+  absl::MutexLock l(&term->mu);
+  if (term->ending) return;
+  CacheWriter::Options writer;
+  writer.shard = options_.shard;
+  writer.epoch = term->epoch;
+  writer.metrics = &metrics_;
+  int64_t epoch = term->epoch;
+  writer.on_fenced = [this, epoch](const absl::Status& status) {
+    spdlog::error("the cache rejected a write as fenced: {}; stopping leading", status.ToString());
+    elector_->Resign(epoch, "a write was rejected as fenced by a newer epoch");
+  };
+  term->writer = std::make_unique<CacheWriter>(cache_channel_, cache_stub_, std::move(writer));
+
+  CcrController::Options c;
+  c.shard = options_.shard;
+  c.epoch = term->epoch;
+  c.workers = options_.workers;
+  c.resync_period = options_.resync_period;
+  c.clock = options_.clock;
+  c.shard_client = shard_client_.get();
+  c.shard_informers = shard_informers_.get();
+  c.cache_informers = cache_informers_.get();
+  c.writer = term->writer.get();
+  c.metrics = &metrics_;
+  c.ccrs = ccrs_;
+  c.cache_ccrs = cache_ccrs_;
+  c.registry = options_.registry;
+  c.on_fenced = [this, epoch](const absl::Status& status) {
+    metrics_.fenced.Increment();
+    spdlog::error("the shard store rejected a write as fenced: {}; stopping leading",
+                  status.ToString());
+    elector_->Resign(epoch, "a write was rejected as fenced by a newer epoch");
+  };
+  absl::StatusOr<std::unique_ptr<CcrController>> controller = CcrController::Start(std::move(c));
+  if (!controller.ok()) {
+    spdlog::error("starting the controllers failed: {}; stopping leading",
+                  controller.status().ToString());
+    elector_->Resign(epoch, "the controllers could not start");
+    return;
+  }
+  term->controller = *std::move(controller);
+  metrics_.epoch.Set(static_cast<double>(epoch));
+}
+
+void ShardReplicator::StoppedLeading() {
+  std::unique_ptr<Term> term;
+  {
+    absl::MutexLock l(&term_mu_);
+    term = std::move(term_);
+  }
+  if (term == nullptr) return;
+  std::unique_ptr<CacheWriter> writer;
+  std::unique_ptr<CcrController> controller;
+  {
+    absl::MutexLock l(&term->mu);
+    term->ending = true;
+    writer = std::move(term->writer);
+    controller = std::move(term->controller);
+  }
+  // First nothing more is written; then the controllers stop.
+  if (writer != nullptr) writer->Stop();
+  if (controller != nullptr) controller->Stop();
+  controller.reset();
+  writer.reset();
+  if (term->starter.joinable()) term->starter.join();
+  metrics_.epoch.Set(0);
+  spdlog::info("controllers of epoch {} stopped", term->epoch);
+}
+
+void ShardReplicator::Stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  if (elector_ != nullptr) elector_->Stop();  // ends the term, then releases the lease
+  warm_subscription_.Cancel();
+  warm_registration_.reset();
+}
+
+}  // namespace shardcache

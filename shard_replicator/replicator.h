@@ -1,0 +1,107 @@
+// ShardReplicator: one shard_replicator process. It runs, for the whole life of the process and
+// whether or not it leads:
+//   - a DynamicInformerFactory on the shard store (following its ResourceDefinitions) and one on
+//     the cache server; the informer of the shard's CCRs and the informer of this shard's CCR
+//     copies in the cache; and, warmed ahead of leadership, the informers that each CCR needs
+//     (its resource in its cluster, locally; its copies, in the cache). A standby is thus ready
+//     to lead at once, and no informer is ever tied to a leadership term;
+//   - a LeaderElector on the shard's lease in the shard store.
+// While it leads (one term), a Term claims the term's epoch at the cache server (ClaimEpoch),
+// then runs a CacheWriter fenced with that epoch and a CcrController with a fresh queue, which
+// runs the ReplicationControllers. When the term ends (lease lost, renew deadline passed, or a
+// write was rejected as fenced, which resigns the term), the writer stops first, so that no
+// write is sent after that, then the controllers stop (handlers removed, queues shut down); the
+// informers keep running. The next term starts everything afresh: a full resync.
+//
+// Threads: Start, Stop and the destructor from one thread (main); Ready from any thread.
+#ifndef SHARDCACHE_SHARD_REPLICATOR_REPLICATOR_H_
+#define SHARDCACHE_SHARD_REPLICATOR_REPLICATOR_H_
+
+#include <grpcpp/channel.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "common/dynamic_informer_factory.h"
+#include "common/leader_elector.h"
+#include "common/shared_informer.h"
+#include "common/store_client.h"
+#include "shard_replicator/cache_writer.h"
+#include "shard_replicator/ccr_controller.h"
+#include "shard_replicator/replicator_metrics.h"
+
+namespace shardcache {
+
+class ShardReplicator {
+ public:
+  struct Options {
+    std::string shard;        // this shard's name
+    std::string shard_store;  // host:port of the shard's store
+    std::string cache;        // host:port of the cache server
+    std::string identity;     // this replica's identity in the lease
+    std::string lease_cluster = "root";
+    std::string lease_namespace = "shardcache-system";
+    std::string lease_name = "shard-replicator";
+    absl::Duration lease_duration = absl::Seconds(15);
+    absl::Duration renew_deadline = absl::Seconds(10);
+    absl::Duration retry_period = absl::Seconds(2);
+    int workers = 4;
+    absl::Duration resync_period = absl::Minutes(5);
+    const Clock* clock = RealClock::Get();
+    std::shared_ptr<prometheus::Registry> registry;  // required
+  };
+
+  // Validates the options (INVALID_ARGUMENT naming the flag), connects, starts the informers and
+  // the election. Connections are lazy: a store that is down delays readiness, not start-up.
+  static absl::StatusOr<std::unique_ptr<ShardReplicator>> Start(Options options);
+  ~ShardReplicator();
+  ShardReplicator(const ShardReplicator&) = delete;
+  ShardReplicator& operator=(const ShardReplicator&) = delete;
+
+  // Ends the term if leading (controllers stopped, nothing written after), releases the lease,
+  // and stops the informers. Idempotent.
+  void Stop();
+
+  // OK once the informers the replicator starts with have synced; else why not.
+  absl::Status Ready() const;
+
+ private:
+  struct Term;
+
+  explicit ShardReplicator(Options options);
+  absl::Status Init();
+  // Starts the informers a CCR needs, if its spec is valid and its resource served.
+  void Warm(const v1::Object& ccr);
+  void StartedLeading(LeadingContext context);
+  void StoppedLeading();
+  // A term's start-up, on its own thread: claim the epoch, then start the controllers.
+  void RunTerm(Term* term);
+
+  const Options options_;
+  ReplicatorMetrics metrics_;
+  std::shared_ptr<grpc::Channel> shard_channel_;
+  std::shared_ptr<grpc::Channel> cache_channel_;
+  std::shared_ptr<v1::Store::StubInterface> shard_stub_;
+  std::shared_ptr<v1::Store::StubInterface> cache_stub_;
+  std::unique_ptr<StoreClient> shard_client_;
+  std::unique_ptr<StoreClient> cache_client_;
+  std::unique_ptr<DynamicInformerFactory> shard_informers_;
+  std::unique_ptr<DynamicInformerFactory> cache_informers_;
+  std::shared_ptr<SharedInformer> ccrs_;
+  std::shared_ptr<SharedInformer> cache_ccrs_;
+  std::unique_ptr<SharedInformer::Registration> warm_registration_;
+  Subscription warm_subscription_;
+  std::unique_ptr<LeaderElector> elector_;  // last: stopped first
+
+  absl::Mutex term_mu_;
+  std::unique_ptr<Term> term_ ABSL_GUARDED_BY(term_mu_);
+  bool stopped_ = false;  // main thread only
+};
+
+}  // namespace shardcache
+
+#endif  // SHARDCACHE_SHARD_REPLICATOR_REPLICATOR_H_

@@ -1,0 +1,155 @@
+// shard_replicator: replicates what a shard's ClusterCachedResources select from the shard's
+// store into the cache server, while it holds the shard's lease. See replicator.h.
+#include <prometheus/registry.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/flags.h"
+#include "common/http_server.h"
+#include "common/logging.h"
+#include "common/signals.h"
+#include "shard_replicator/replicator.h"
+
+ABSL_FLAG(std::string, shard, "", "this shard's name (required); copies in the cache carry it");
+ABSL_FLAG(std::string, shard_store, "", "host:port of the shard's store (required)");
+ABSL_FLAG(std::string, cache, "", "host:port of the cache server (required)");
+ABSL_FLAG(std::string, identity, "",
+          "this replica's identity in the lease (default: host name plus a random suffix)");
+ABSL_FLAG(std::string, lease_cluster, "root", "the logical cluster of the lease object");
+ABSL_FLAG(std::string, lease_namespace, "shardcache-system", "the namespace of the lease object");
+ABSL_FLAG(
+    std::string, lease_name, "shard-replicator",
+    "the name of the lease object (leases, coordination.shardcache.io/v1) in the shard store");
+ABSL_FLAG(absl::Duration, lease_duration, absl::Seconds(15),
+          "how long a standby waits after the last renewal it saw before taking the lease");
+ABSL_FLAG(absl::Duration, renew_deadline, absl::Seconds(10),
+          "how long the leader keeps leading without a successful renewal (< --lease-duration)");
+ABSL_FLAG(absl::Duration, retry_period, absl::Seconds(2),
+          "the interval between attempts to acquire or renew the lease");
+ABSL_FLAG(int32_t, workers, 4, "worker threads per controller");
+ABSL_FLAG(absl::Duration, resync_period, absl::Minutes(5),
+          "how often every replicated object is reconciled again even without a change (0: never)");
+ABSL_FLAG(std::string, http_listen, "127.0.0.1:8080",
+          "HTTP address for /metrics, /healthz and /readyz, host:port (port 0: any free port)");
+ABSL_FLAG(std::string, port_file, "",
+          "if set, once serving, write the bound HTTP port here as "
+          "a line http_port=N");
+ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off");
+
+namespace shardcache {
+namespace {
+
+int Refuse(const absl::Status& status) {
+  std::fprintf(stderr, "shard_replicator: refusing to start: %s\n",
+               std::string(status.message()).c_str());
+  return 2;
+}
+
+std::string DefaultIdentity() {
+  char host[256] = {0};
+  if (gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') {
+    std::snprintf(host, sizeof(host), "replica");
+  }
+  static constexpr char kChars[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+  absl::BitGen rng;
+  std::string suffix;
+  for (int i = 0; i < 5; ++i) suffix.push_back(kChars[absl::Uniform(rng, 0u, 36u)]);
+  return absl::StrCat(host, "-", suffix);
+}
+
+absl::Status WritePortFile(const std::string& path, int http_port) {
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << "http_port=" << http_port << "\n";
+    if (!out.good()) return absl::UnavailableError(absl::StrCat("--port-file: cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::UnavailableError(absl::StrCat("--port-file: cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
+}
+
+int Run() {
+  ShardReplicator::Options options;
+  options.shard = absl::GetFlag(FLAGS_shard);
+  options.shard_store = absl::GetFlag(FLAGS_shard_store);
+  options.cache = absl::GetFlag(FLAGS_cache);
+  options.identity = absl::GetFlag(FLAGS_identity);
+  if (options.identity.empty()) options.identity = DefaultIdentity();
+  options.lease_cluster = absl::GetFlag(FLAGS_lease_cluster);
+  options.lease_namespace = absl::GetFlag(FLAGS_lease_namespace);
+  options.lease_name = absl::GetFlag(FLAGS_lease_name);
+  options.lease_duration = absl::GetFlag(FLAGS_lease_duration);
+  options.renew_deadline = absl::GetFlag(FLAGS_renew_deadline);
+  options.retry_period = absl::GetFlag(FLAGS_retry_period);
+  options.workers = absl::GetFlag(FLAGS_workers);
+  options.resync_period = absl::GetFlag(FLAGS_resync_period);
+  auto registry = std::make_shared<prometheus::Registry>();
+  options.registry = registry;
+  std::string http_listen = absl::GetFlag(FLAGS_http_listen);
+  absl::StatusOr<std::pair<std::string, int>> http_address =
+      SplitHostPort("--http-listen", http_listen);
+  if (!http_address.ok()) return Refuse(http_address.status());
+  for (const char* flag : {"--shard-store", "--cache"}) {
+    const std::string& address =
+        std::string(flag) == "--cache" ? options.cache : options.shard_store;
+    if (address.empty()) continue;  // ShardReplicator::Start names the missing flag
+    absl::StatusOr<std::pair<std::string, int>> parsed = SplitHostPort(flag, address);
+    if (!parsed.ok()) return Refuse(parsed.status());
+  }
+
+  absl::StatusOr<std::unique_ptr<ShardReplicator>> replicator = ShardReplicator::Start(options);
+  if (!replicator.ok()) return Refuse(replicator.status());
+  std::atomic<bool> stopping{false};
+  ShardReplicator* raw = replicator->get();
+  HttpServer http(registry, [raw, &stopping]() {
+    if (stopping.load()) return absl::UnavailableError("shutting down");
+    return raw->Ready();
+  });
+  absl::StatusOr<int> http_port = http.Start(http_listen);
+  if (!http_port.ok()) return Refuse(http_port.status());
+  std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty()) {
+    absl::Status written = WritePortFile(port_file, *http_port);
+    if (!written.ok()) return Refuse(written);
+  }
+  spdlog::info("serving http={} (port {}) workers={} resync_period={}", http_listen, *http_port,
+               options.workers, absl::FormatDuration(options.resync_period));
+
+  int sig = WaitForTerminationSignal();
+  spdlog::info("received signal {}: stopping", sig);
+  stopping = true;
+  (*replicator)->Stop();
+  replicator->reset();
+  http.Stop();
+  spdlog::info("stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace shardcache
+
+int main(int argc, char** argv) {
+  shardcache::BlockTerminationSignals();
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  absl::SetProgramUsageMessage(
+      "replicates the objects that a shard's ClusterCachedResources select into the cache.\n\n"
+      "  shard_replicator --shard=a --shard-store=127.0.0.1:7071 --cache=127.0.0.1:7070\n\n"
+      "Flags may be spelt with dashes or underscores (--shard-store, --shard_store).");
+  absl::ParseCommandLine(argc, shardcache::NormalizeFlagNames(argc, argv));
+  absl::Status logging =
+      shardcache::InitLogging("shard_replicator", absl::GetFlag(FLAGS_log_level));
+  if (!logging.ok()) return shardcache::Refuse(logging);
+  return shardcache::Run();
+}
