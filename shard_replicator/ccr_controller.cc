@@ -107,6 +107,11 @@ void CcrController::Stop() {
     if (stopped_) return;
     stopped_ = true;
   }
+  {
+    // Waits for a write to the shard store in flight; none starts after this.
+    absl::WriterMutexLock l(&write_gate_);
+    writes_open_ = false;
+  }
   ccrs_registration_.reset();
   cache_ccrs_registration_.reset();
   resources_subscription_.Cancel();
@@ -168,6 +173,14 @@ v1::Fence CcrController::Fence() const {
   f.set_shard(options_.shard);
   f.set_epoch(options_.epoch);
   return f;
+}
+
+absl::StatusOr<v1::Object> CcrController::WriteShardStore(const v1::UpdateRequest& request,
+                                                          bool status) {
+  absl::ReaderMutexLock l(&write_gate_);
+  if (!writes_open_) return absl::CancelledError("the leadership term ended");
+  return status ? options_.shard_client->UpdateStatus(request)
+                : options_.shard_client->Update(request);
 }
 
 void CcrController::CheckFenced(const absl::Status& status) {
@@ -268,7 +281,7 @@ absl::StatusOr<v1::Object> CcrController::WriteStatus(const v1::Object& ccr,
   *request.mutable_object() = ccr;
   *request.mutable_object()->mutable_status() = std::move(status);
   *request.mutable_fence() = Fence();
-  absl::StatusOr<v1::Object> updated = options_.shard_client->UpdateStatus(request);
+  absl::StatusOr<v1::Object> updated = WriteShardStore(request, /*status=*/true);
   if (!updated.ok()) {
     CheckFenced(updated.status());
     return updated.status();
@@ -324,7 +337,7 @@ CcrController::Next CcrController::Reconcile(const std::string& key) {
     *request.mutable_object() = *ccr;
     request.mutable_object()->mutable_metadata()->add_finalizers(kReplicatorFinalizer);
     *request.mutable_fence() = Fence();
-    absl::StatusOr<v1::Object> updated = options_.shard_client->Update(request);
+    absl::StatusOr<v1::Object> updated = WriteShardStore(request, /*status=*/false);
     if (!updated.ok()) {
       CheckFenced(updated.status());
       spdlog::warn("clustercachedresource {}|{}: adding the finalizer failed: {}", cluster, name,
@@ -506,7 +519,7 @@ CcrController::Next CcrController::ReconcileDeleting(const v1::Object& ccr,
   finalizers->erase(std::remove(finalizers->begin(), finalizers->end(), kReplicatorFinalizer),
                     finalizers->end());
   *request.mutable_fence() = Fence();
-  absl::StatusOr<v1::Object> updated = options_.shard_client->Update(request);
+  absl::StatusOr<v1::Object> updated = WriteShardStore(request, /*status=*/false);
   if (!updated.ok()) {
     CheckFenced(updated.status());
     if (!absl::IsNotFound(updated.status())) {

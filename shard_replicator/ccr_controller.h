@@ -76,8 +76,8 @@ class CcrController {
   CcrController(const CcrController&) = delete;
   CcrController& operator=(const CcrController&) = delete;
 
-  // Removes the handlers, shuts the queue down, joins the workers and stops every replication
-  // controller. Idempotent.
+  // Stops writing to the shard store (waiting for a write in flight), removes the handlers, shuts
+  // the queue down, joins the workers and stops every replication controller. Idempotent.
   void Stop();
 
  private:
@@ -109,6 +109,9 @@ class CcrController {
   // The key's replication controller, removed from the map; destroy it outside mu_.
   std::unique_ptr<ReplicationController> TakeController(const std::string& key);
   v1::Fence Fence() const;
+  // Update (or UpdateStatus) at the shard store, unless Stop has begun (CANCELLED).
+  absl::StatusOr<v1::Object> WriteShardStore(const v1::UpdateRequest& request, bool status)
+      ABSL_LOCKS_EXCLUDED(write_gate_);
   // A write to the shard store failed: tell on_fenced when it was fenced.
   void CheckFenced(const absl::Status& status);
 
@@ -120,6 +123,11 @@ class CcrController {
   std::unique_ptr<SharedInformer::Registration> cache_ccrs_registration_;
   Subscription resources_subscription_;
   std::vector<std::thread> workers_;
+
+  // Held shared by each write to the shard store; Stop closes it, so that no write is sent once
+  // Stop has begun.
+  absl::Mutex write_gate_;
+  bool writes_open_ ABSL_GUARDED_BY(write_gate_) = true;
 
   mutable absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
