@@ -46,7 +46,14 @@ Reflector::Reflector(std::unique_ptr<ListerWatcher> lw, ReflectorSink* sink, Opt
       name_(options_.name.empty() ? lw_->Describe() : options_.name),
       backoff_(std::move(backoff)) {}
 
-Reflector::~Reflector() { Stop(); }
+Reflector::~Reflector() {
+  Stop();
+  // Destroyed on its own loop thread: from inside sink_->Stopped, the loop's last call (the
+  // owner of the last reference to the sink dropped it there). That thread touches nothing of
+  // this object after the call returns, so it is let go instead of joined.
+  absl::MutexLock t(&thread_mu_);
+  if (thread_.joinable() && thread_.get_id() == std::this_thread::get_id()) thread_.detach();
+}
 
 void Reflector::Start() {
   absl::MutexLock t(&thread_mu_);

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/lister_watcher.h"
 #include "common/object_key.h"
@@ -362,6 +363,34 @@ TEST_F(ReflectorTest, NotFound_ForAnUndefinedResource_StopsWithoutRetrying) {
   EXPECT_FALSE(reflector_->HasSynced());
   EXPECT_EQ(reflector_->lists_started(), 1);
   EXPECT_EQ(sink_.replaces(), 0);
+}
+
+// A SharedInformer whose last reference goes away in its stop callbacks is destroyed on the
+// reflector's own thread, inside Stopped(): the reflector must let its thread go, not abort.
+TEST_F(ReflectorTest, DestroyedFromItsOwnStoppedCallback_ThreadEndsCleanly) {
+  StartServer({"--role=shard"});
+  class DestroyingSink : public ReflectorSink {
+   public:
+    void Replace(std::vector<ObjectRef>, const std::string&) override {}
+    void Add(ObjectRef) override {}
+    void Update(ObjectRef) override {}
+    void Delete(ObjectRef) override {}
+    void Bookmark(const std::string&) override {}
+    void Stopped(const absl::Status&) override {
+      owned.reset();  // the reflector's destructor runs here, on its loop thread
+      destroyed.Notify();
+    }
+    std::unique_ptr<Reflector> owned;
+    absl::Notification destroyed;
+  };
+  DestroyingSink sink;
+  auto lw = StoreListerWatcher::Create(stub_, kWidgets, {}, {});  // not served: NOT_FOUND
+  ASSERT_TRUE(lw.ok()) << lw.status();
+  auto r = Reflector::Create(*std::move(lw), &sink, FastOptions());
+  ASSERT_TRUE(r.ok()) << r.status();
+  sink.owned = *std::move(r);
+  sink.owned->Start();
+  EXPECT_TRUE(sink.destroyed.WaitForNotificationWithTimeout(absl::Seconds(20)));
 }
 
 TEST_F(ReflectorTest, Backoff_WaitsOnTheClock_AndStopInterruptsIt) {
