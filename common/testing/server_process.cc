@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -50,14 +51,15 @@ ServerProcess::~ServerProcess() {
 absl::Status ServerProcess::Start(absl::Duration timeout) {
   std::string port_file = dir_ + "/ports";
   unlink(port_file.c_str());
-  std::vector<std::string> argv = {binary_, "--listen=127.0.0.1:" + std::to_string(grpc_port_),
-                                   "--http-listen=127.0.0.1:0", "--port-file=" + port_file};
+  const bool is_cache_server = IsCacheServer();
+  std::vector<std::string> argv = {binary_};
+  if (is_cache_server) argv.push_back("--listen=127.0.0.1:" + std::to_string(grpc_port_));
+  argv.push_back("--http-listen=127.0.0.1:0");
+  argv.push_back("--port-file=" + port_file);
   bool has_data_dir = false;
   for (const auto& a : args_)
     has_data_dir |= a.rfind("--data-dir", 0) == 0 || a.rfind("--data_dir", 0) == 0;
-  if (!has_data_dir && binary_.find("cache_server") != std::string::npos) {
-    argv.push_back("--data-dir=" + data_dir());
-  }
+  if (!has_data_dir && is_cache_server) argv.push_back("--data-dir=" + data_dir());
   argv.insert(argv.end(), args_.begin(), args_.end());
   std::string log_path = dir_ + "/stderr.log";
   pid_t pid = fork();
@@ -71,6 +73,8 @@ absl::Status ServerProcess::Start(absl::Duration timeout) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
+    // A test that dies (a crash, a timeout's SIGKILL) takes its servers with it.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
     execv(cargv[0], cargv.data());
     _exit(127);
   }
@@ -85,8 +89,8 @@ absl::Status ServerProcess::Start(absl::Duration timeout) {
       if (kv.first == "grpc_port") (void)absl::SimpleAtoi(kv.second, &grpc);
       if (kv.first == "http_port") (void)absl::SimpleAtoi(kv.second, &http);
     }
-    if (grpc > 0 && http > 0) {
-      grpc_port_ = grpc;
+    if ((grpc > 0 || !is_cache_server) && http > 0) {
+      grpc_port_ = is_cache_server ? grpc : 0;
       http_port_ = http;
       return absl::OkStatus();
     }
@@ -101,6 +105,11 @@ absl::Status ServerProcess::Start(absl::Duration timeout) {
   Signal(SIGKILL);
   Wait(absl::Seconds(5));
   return absl::DeadlineExceededError(absl::StrCat(binary_, " did not report its ports: ", Log()));
+}
+
+bool ServerProcess::IsCacheServer() const {
+  return std::filesystem::path(binary_).filename().string().find("cache_server") !=
+         std::string::npos;
 }
 
 void ServerProcess::Signal(int sig) {

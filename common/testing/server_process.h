@@ -1,6 +1,12 @@
 // ServerProcess: runs a real shardcache binary for a test, on loopback ports that the binary
-// picks itself (--listen=127.0.0.1:0 --http-listen=127.0.0.1:0) and reports through --port-file,
-// with its data in the test's own temporary directory.
+// picks itself and reports through --port-file, with its data in the test's own temporary
+// directory.
+//
+// cache_server (any binary whose file name contains "cache_server") gets
+// --listen=127.0.0.1:0 --http-listen=127.0.0.1:0 --port-file=... (and --data-dir unless `args`
+// name one); Start waits until the port file has both grpc_port= and http_port=. Any other
+// binary (e.g. shard_replicator, which serves no gRPC) gets only --http-listen=127.0.0.1:0
+// --port-file=...; Start waits for http_port= alone, and grpc_port() stays 0.
 //
 // The process's stderr goes to a log file in the test's temporary directory; when a test fails
 // the log's tail is printed. The destructor stops the process (SIGTERM, then SIGKILL after a
@@ -28,13 +34,15 @@ std::string MakeTempDir(const std::string& prefix);
 
 class ServerProcess {
  public:
-  // `binary` is a path; `args` are extra flags (the listen and port-file flags are added).
+  // `binary` is a path; `args` are extra flags (the listen and port-file flags are added, see
+  // above).
   ServerProcess(std::string binary, std::vector<std::string> args);
   ~ServerProcess();
   ServerProcess(const ServerProcess&) = delete;
   ServerProcess& operator=(const ServerProcess&) = delete;
 
-  // Starts the process and waits until it has written its port file.
+  // Starts the process and waits until it has written its port file (grpc_port= and http_port=
+  // for cache_server, http_port= for other binaries).
   absl::Status Start(absl::Duration timeout = absl::Seconds(30));
   // Sends SIGTERM and waits for exit; returns the exit status as from waitpid (or -1 on
   // timeout, after which the process was killed with SIGKILL).
@@ -49,6 +57,7 @@ class ServerProcess {
   int Wait(absl::Duration timeout);
   bool Running() const { return pid_ > 0; }
 
+  // 0 for binaries other than cache_server.
   int grpc_port() const { return grpc_port_; }
   int http_port() const { return http_port_; }
   std::string grpc_address() const { return "127.0.0.1:" + std::to_string(grpc_port_); }
@@ -60,6 +69,9 @@ class ServerProcess {
   std::string Log() const;
 
  private:
+  // Whether binary_ is a cache_server (gets --listen and --data-dir, reports a gRPC port).
+  bool IsCacheServer() const;
+
   std::string binary_;
   std::vector<std::string> args_;
   std::string dir_;
