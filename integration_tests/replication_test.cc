@@ -1,0 +1,512 @@
+// Process-level tests of what shard_replicator replicates, against real stores: objects created,
+// updated (spec, status, labels, annotations) and deleted in a shard reach the cache as equal
+// copies; copies that someone else deletes or changes in the cache are restored; label
+// selectors, and a selector that changes; CCR deletion (finalizer, phases Deleting and Deleted,
+// copies purged); two shards in one cache; two CCRs for one resource; readiness; and the flags
+// it refuses to start with.
+
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/testing/server_process.h"
+#include "integration_tests/refuse_to_start.h"
+#include "integration_tests/replicator_fixture.h"
+#include "integration_tests/store_fixture.h"
+
+namespace shardcache::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+class ReplicationTest : public ReplicatorFixture {
+ protected:
+  // Shard "a"'s store, the cache, and one replica of "a" that leads.
+  void StartAll(const std::vector<std::string>& extra = {}) {
+    StartShardStore("a");
+    if (HasFatalFailure()) return;
+    StartCache();
+    if (HasFatalFailure()) return;
+    replica_ = StartReplicator("a", "replica-0", extra);
+    ASSERT_TRUE(WaitForLeading(replica_, 1, absl::Seconds(15)));
+  }
+
+  // The copy of widget `name` of shard "a" in the cache.
+  std::optional<v1::Object> CacheCopy(const std::string& name, const std::string& shard = "a") {
+    return GetFrom(cache(), WidgetsGvr(), shard, kCluster, kNamespace, name);
+  }
+
+  ServerProcess* replica_ = nullptr;
+};
+
+// Every change to an object in the shard (create; spec, status, labels and annotations; delete)
+// reaches its copy in the cache, which equals the origin plus metadata.shard and the two
+// annotations. The CCR itself has a copy too; objects of another logical cluster are not
+// replicated.
+TEST_F(ReplicationTest, CreateUpdateAndDeleteReachTheCache) {
+  ASSERT_NO_FATAL_FAILURE(StartAll());
+  ASSERT_TRUE(CreateIn(shard(), CcrGvr(), Ccr("widgets")).ok());
+  ASSERT_TRUE(WaitForReady("widgets", 0));
+  // The replicator put its finalizer on the CCR.
+  std::optional<v1::Object> ccr = GetCcr("widgets");
+  ASSERT_TRUE(ccr.has_value());
+  EXPECT_THAT(ccr->metadata().finalizers(), ::testing::Contains(kFinalizer));
+  EXPECT_EQ(FindCondition(*ccr, "ResourceValid").status, "True") << DescribeStatus(*ccr);
+
+  // An object in another logical cluster, which the CCR (of kCluster) does not select.
+  v1::Object other = Widget("elsewhere");
+  other.mutable_metadata()->set_cluster("root:other");
+  ASSERT_TRUE(CreateIn(shard(), WidgetsGvr(), other).ok());
+
+  // Create.
+  v1::Object w = Widget("w1", R"({"app":"web","tier":"front"})", R"({"color":"blue","size":3})");
+  (*w.mutable_metadata()->mutable_annotations())["note"] = "first";
+  v1::Object origin;
+  ASSERT_TRUE(CreateIn(shard(), WidgetsGvr(), w, &origin).ok());
+  ASSERT_TRUE(WaitForCacheInSync());
+  std::optional<v1::Object> copy = CacheCopy("w1");
+  ASSERT_TRUE(copy.has_value());
+  EXPECT_EQ(copy->metadata().shard(), "a");
+  EXPECT_EQ(copy->metadata().uid(), origin.metadata().uid());
+  EXPECT_EQ(copy->metadata().annotations().at(kOriginalRvAnnotation),
+            origin.metadata().resource_version());
+  EXPECT_EQ(copy->metadata().annotations().at(kOriginalUidAnnotation), origin.metadata().uid());
+  EXPECT_TRUE(copy->metadata().finalizers().empty());
+
+  // Spec: the generation rises, and the copy keeps the origin's.
+  ASSERT_TRUE(Modify(shard(), WidgetsGvr(), kCluster, kNamespace, "w1", [](v1::Object* o) {
+                (*o->mutable_spec()->mutable_fields())["color"].set_string_value("green");
+              }).ok());
+  ASSERT_TRUE(WaitForCacheInSync());
+  copy = CacheCopy("w1");
+  ASSERT_TRUE(copy.has_value());
+  EXPECT_EQ(copy->metadata().generation(), 2);
+  EXPECT_EQ(copy->spec().fields().at("color").string_value(), "green");
+
+  // Status (a subresource in the shard store; the cache keeps it in the copy).
+  ASSERT_TRUE(Modify(
+                  shard(), WidgetsGvr(), kCluster, kNamespace, "w1",
+                  [](v1::Object* o) {
+                    *o->mutable_status() =
+                        FromJson<google::protobuf::Struct>(R"({"phase":"Running","replicas":3})");
+                  },
+                  /*status=*/true)
+                  .ok());
+  ASSERT_TRUE(WaitForCacheInSync());
+  copy = CacheCopy("w1");
+  ASSERT_TRUE(copy.has_value());
+  EXPECT_EQ(copy->status().fields().at("phase").string_value(), "Running");
+
+  // Labels.
+  ASSERT_TRUE(Modify(shard(), WidgetsGvr(), kCluster, kNamespace, "w1", [](v1::Object* o) {
+                (*o->mutable_metadata()->mutable_labels())["tier"] = "back";
+                (*o->mutable_metadata()->mutable_labels())["new"] = "label";
+              }).ok());
+  ASSERT_TRUE(WaitForCacheInSync());
+  copy = CacheCopy("w1");
+  ASSERT_TRUE(copy.has_value());
+  EXPECT_EQ(copy->metadata().labels().at("tier"), "back");
+
+  // Annotations.
+  ASSERT_TRUE(Modify(shard(), WidgetsGvr(), kCluster, kNamespace, "w1", [](v1::Object* o) {
+                (*o->mutable_metadata()->mutable_annotations())["note"] = "second";
+                (*o->mutable_metadata()->mutable_annotations())["extra"] = "x";
+              }).ok());
+  ASSERT_TRUE(WaitForCacheInSync());
+  copy = CacheCopy("w1");
+  ASSERT_TRUE(copy.has_value());
+  EXPECT_EQ(copy->metadata().annotations().at("note"), "second");
+  EXPECT_TRUE(WaitForReady("widgets", 1));
+
+  // The CCR's own copy, with its status.
+  EXPECT_TRUE(WaitForCcrCopy("widgets"));
+
+  // Delete.
+  ASSERT_TRUE(DeleteIn(shard(), WidgetsGvr(), "", kCluster, kNamespace, "w1").ok());
+  ASSERT_TRUE(WaitForCacheInSync());
+  EXPECT_TRUE(WaitForReady("widgets", 0));
+
+  // Nothing of root:other reached the cache.
+  auto elsewhere = ListFrom(cache(), WidgetsGvr(), "", "root:other");
+  ASSERT_TRUE(elsewhere.has_value());
+  EXPECT_TRUE(elsewhere->empty());
+}
+
+// A copy that another client deletes from the cache comes back; one it changes is reverted; the
+// CCR's copy too.
+TEST_F(ReplicationTest, CopiesChangedInTheCacheAreRestored) {
+  ASSERT_NO_FATAL_FAILURE(StartAll());
+  ASSERT_TRUE(CreateIn(shard(), CcrGvr(), Ccr("widgets")).ok());
+  for (const char* name : {"w1", "w2", "w3"}) {
+    ASSERT_TRUE(CreateIn(shard(), WidgetsGvr(), Widget(name, R"({"app":"web"})")).ok());
+  }
+  ASSERT_TRUE(WaitForCacheInSync());
+  ASSERT_TRUE(WaitForReady("widgets", 3));
+  ASSERT_TRUE(WaitForCcrCopy("widgets"));
+
+  // Deleted by someone else (no fence): restored.
+  std::optional<v1::Object> before = CacheCopy("w1");
+  ASSERT_TRUE(before.has_value());
+  ASSERT_TRUE(DeleteIn(cache(), WidgetsGvr(), "a", kCluster, kNamespace, "w1").ok());
+  ASSERT_TRUE(WaitForCacheInSync());
+  std::optional<v1::Object> after = CacheCopy("w1");
+  ASSERT_TRUE(after.has_value());
+  EXPECT_NE(after->metadata().resource_version(), before->metadata().resource_version());
+
+  // Changed by someone else: reverted.
+  std::optional<v1::Object> w2 = CacheCopy("w2");
+  ASSERT_TRUE(w2.has_value());
+  (*w2->mutable_spec()->mutable_fields())["size"].set_number_value(99);
+  (*w2->mutable_metadata()->mutable_labels())["app"] = "hijacked";
+  v1::UpdateRequest update;
+  *update.mutable_resource() = WidgetsGvr();
+  *update.mutable_object() = *w2;
+  v1::Object written;
+  grpc::Status s = cache()->Update(Context().get(), update, &written);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_TRUE(WaitForCacheInSync());
+  std::optional<v1::Object> reverted = CacheCopy("w2");
+  ASSERT_TRUE(reverted.has_value());
+  EXPECT_EQ(reverted->spec().fields().at("size").number_value(), 1);
+
+  // The CCR's copy, deleted: restored.
+  ASSERT_TRUE(DeleteIn(cache(), CcrGvr(), "a", kCluster, "", "widgets").ok());
+  EXPECT_TRUE(WaitForCcrCopy("widgets"));
+  EXPECT_TRUE(WaitForReady("widgets", 3));
+}
+
+// Only objects that match the CCR's selector are copied, and resourceCounts count them; objects
+// deleted locally or relabelled out of the selector leave the cache; a changed selector removes
+// the copies that no longer match and adds those that now do.
+TEST_F(ReplicationTest, LabelSelectorChoosesTheCopies) {
+  ASSERT_NO_FATAL_FAILURE(StartAll());
+  for (int i = 0; i < 7; ++i) {
+    std::string labels = i == 2 || i == 3 ? R"({"app":"web","tier":"front"})" : R"({"app":"web"})";
+    ASSERT_TRUE(CreateIn(shard(), WidgetsGvr(), Widget(absl::StrCat("w", i), labels)).ok());
+  }
+  ASSERT_TRUE(CreateIn(shard(), WidgetsGvr(), Widget("w7", R"({"app":"db"})")).ok());
+  ASSERT_TRUE(CreateIn(shard(), CcrGvr(), Ccr("web", R"({"matchLabels":{"app":"web"}})")).ok());
+
+  ASSERT_TRUE(WaitForReady("web", 7));
+  ASSERT_TRUE(WaitForCacheInSync("a", "app=web"));
+  EXPECT_FALSE(CacheCopy("w7").has_value());
+
+  // Two deleted locally: 5.
+  ASSERT_TRUE(DeleteIn(shard(), WidgetsGvr(), "", kCluster, kNamespace, "w0").ok());
+  ASSERT_TRUE(DeleteIn(shard(), WidgetsGvr(), "", kCluster, kNamespace, "w1").ok());
+  ASSERT_TRUE(WaitForReady("web", 5));
+  ASSERT_TRUE(WaitForCacheInSync("a", "app=web"));
+
+  // One relabelled out of the selector: 4.
+  ASSERT_TRUE(Modify(shard(), WidgetsGvr(), kCluster, kNamespace, "w4", [](v1::Object* o) {
+                (*o->mutable_metadata()->mutable_labels())["app"] = "db";
+              }).ok());
+  ASSERT_TRUE(WaitForReady("web", 4));
+  ASSERT_TRUE(WaitForCacheInSync("a", "app=web"));
+
+  // The selector narrowed (matchLabels plus a matchExpression): w2 and w3 remain.
+  ASSERT_TRUE(
+      Modify(shard(), CcrGvr(), kCluster, "", "web", [](v1::Object* o) {
+        (*o->mutable_spec()->mutable_fields())["labelSelector"] = FromJson<google::protobuf::Value>(
+            R"({"matchLabels":{"app":"web"},)"
+            R"("matchExpressions":[{"key":"tier","operator":"In","values":["front"]}]})");
+      }).ok());
+  ASSERT_TRUE(WaitForReady("web", 2));
+  ASSERT_TRUE(WaitForCacheInSync("a", "app=web,tier in (front)"));
+
+  // A new object that matches the new selector is copied.
+  ASSERT_TRUE(
+      CreateIn(shard(), WidgetsGvr(), Widget("w8", R"({"app":"web","tier":"front"})")).ok());
+  ASSERT_TRUE(WaitForReady("web", 3));
+  EXPECT_TRUE(WaitForCacheInSync("a", "app=web,tier in (front)"));
+  EXPECT_TRUE(WaitForCcrCopy("web"));
+}
+
+// Deleting a CCR: its finalizer holds it while the replicator purges its copies (phase Deleting,
+// then Deleted), then the finalizer goes and so does the CCR, and its own copy in the cache.
+TEST_F(ReplicationTest, DeletingACcrPurgesItsCopies) {
+  ASSERT_NO_FATAL_FAILURE(StartAll());
+  ASSERT_TRUE(CreateIn(shard(), CcrGvr(), Ccr("widgets")).ok());
+  for (const char* name : {"w1", "w2", "w3"}) {
+    ASSERT_TRUE(CreateIn(shard(), WidgetsGvr(), Widget(name)).ok());
+  }
+  ASSERT_TRUE(WaitForReady("widgets", 3));
+  ASSERT_TRUE(WaitForCacheInSync());
+  ASSERT_TRUE(WaitForCcrCopy("widgets"));
+
+  v1::WatchRequest req;
+  *req.mutable_resource() = CcrGvr();
+  req.set_cluster(kCluster);
+  WatchStream watch(shard(), req);
+  ASSERT_TRUE(watch.SkipInitial());
+
+  v1::DeleteRequest del;
+  *del.mutable_resource() = CcrGvr();
+  del.set_cluster(kCluster);
+  del.set_name("widgets");
+  v1::DeleteResponse deleted;
+  grpc::Status s = shard()->Delete(Context().get(), del, &deleted);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_FALSE(deleted.deleted()) << "the replicator's finalizer should hold the CCR";
+
+  // The phases the CCR goes through, up to its DELETED event.
+  std::vector<std::string> phases;
+  bool gone = false;
+  absl::Time deadline = absl::Now() + kConverge;
+  while (!gone && absl::Now() < deadline) {
+    std::optional<v1::WatchEvent> e = watch.NextObjectEvent(deadline - absl::Now());
+    if (!e.has_value()) break;
+    if (e->object().metadata().name() != "widgets") continue;
+    std::string phase = Phase(e->object());
+    if (phases.empty() || phases.back() != phase) phases.push_back(phase);
+    gone = e->type() == v1::WatchEvent::DELETED;
+  }
+  std::cerr << "phases of the deleted CCR: " << absl::StrJoin(phases, " -> ") << "\n";
+  EXPECT_TRUE(gone) << "no DELETED event for the CCR; phases seen: "
+                    << absl::StrJoin(phases, " -> ");
+  auto deleting = std::find(phases.begin(), phases.end(), "Deleting");
+  auto deleted_phase = std::find(phases.begin(), phases.end(), "Deleted");
+  EXPECT_TRUE(deleting != phases.end() && deleted_phase != phases.end() && deleting < deleted_phase)
+      << "phases seen: " << absl::StrJoin(phases, " -> ");
+
+  EXPECT_FALSE(GetCcr("widgets").has_value());
+  // No copies of its widgets, nor of itself, in the cache; the widgets themselves stay.
+  std::optional<std::map<std::string, v1::Object>> copies;
+  EXPECT_TRUE(Eventually(
+      [&] {
+        copies = ListFrom(cache(), WidgetsGvr(), "a", kCluster);
+        return copies.has_value() && copies->empty();
+      },
+      absl::Seconds(10), "no widget copies in the cache",
+      [&] { return absl::StrCat(copies.has_value() ? copies->size() : 0, " copies"); }));
+  EXPECT_TRUE(Eventually(
+      [&] { return !GetFrom(cache(), CcrGvr(), "a", kCluster, "", "widgets").has_value(); },
+      absl::Seconds(10), "no copy of the CCR in the cache"));
+  auto local = ListFrom(shard(), WidgetsGvr(), "", kCluster);
+  ASSERT_TRUE(local.has_value());
+  EXPECT_EQ(local->size(), 3u);
+}
+
+// Two shards replicate into one cache: each copy names its own shard, equal names in both shards
+// do not collide, and one watch of the cache without a shard filter sees both.
+TEST_F(ReplicationTest, TwoShardsIntoOneCache) {
+  StartShardStore("a");
+  StartShardStore("b");
+  StartCache();
+  ASSERT_FALSE(HasFatalFailure());
+
+  v1::WatchRequest req;
+  *req.mutable_resource() = WidgetsGvr();
+  WatchStream watch(cache(), req);
+  ASSERT_TRUE(watch.SkipInitial());
+
+  for (const std::string s : {"a", "b"}) {
+    ASSERT_TRUE(CreateIn(shard(s), CcrGvr(), Ccr("widgets")).ok());
+    ASSERT_TRUE(CreateIn(shard(s), WidgetsGvr(),
+                         Widget("common", "{}", absl::StrCat(R"({"from":")", s, R"("})")))
+                    .ok());
+    ASSERT_TRUE(CreateIn(shard(s), WidgetsGvr(), Widget("only-" + s)).ok());
+  }
+  ServerProcess* ra = StartReplicator("a", "a-0");
+  ServerProcess* rb = StartReplicator("b", "b-0");
+  ASSERT_TRUE(WaitForLeading(ra, 1, absl::Seconds(15)));
+  ASSERT_TRUE(WaitForLeading(rb, 1, absl::Seconds(15)));
+
+  for (const std::string s : {"a", "b"}) {
+    SCOPED_TRACE("shard " + s);
+    EXPECT_TRUE(WaitForCacheInSync(s));
+    EXPECT_TRUE(WaitForReady("widgets", 2, kConverge, s));
+    std::optional<v1::Object> common =
+        GetFrom(cache(), WidgetsGvr(), s, kCluster, kNamespace, "common");
+    ASSERT_TRUE(common.has_value());
+    EXPECT_EQ(common->metadata().shard(), s);
+    EXPECT_EQ(common->spec().fields().at("from").string_value(), s);
+    std::optional<v1::Object> ccr_copy = GetFrom(cache(), CcrGvr(), s, kCluster, "", "widgets");
+    EXPECT_TRUE(ccr_copy.has_value());
+  }
+  auto all = ListFrom(cache(), WidgetsGvr(), "", kCluster);
+  ASSERT_TRUE(all.has_value());
+  v1::ListRequest list;
+  *list.mutable_resource() = WidgetsGvr();
+  v1::ListResponse listed;
+  ASSERT_TRUE(cache()->List(Context().get(), list, &listed).ok());
+  EXPECT_EQ(listed.items_size(), 4);
+
+  // The unfiltered watch saw copies from both shards.
+  std::set<std::string> seen;
+  const std::set<std::string> want = {"a/common", "a/only-a", "b/common", "b/only-b"};
+  absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!std::includes(seen.begin(), seen.end(), want.begin(), want.end()) &&
+         absl::Now() < deadline) {
+    std::optional<v1::WatchEvent> e = watch.NextObjectEvent(deadline - absl::Now());
+    if (!e.has_value()) break;
+    if (e->type() == v1::WatchEvent::DELETED) continue;
+    seen.insert(absl::StrCat(e->object().metadata().shard(), "/", e->object().metadata().name()));
+  }
+  EXPECT_TRUE(std::includes(seen.begin(), seen.end(), want.begin(), want.end()))
+      << "seen: " << absl::StrJoin(seen, ", ");
+
+  // A change in shard a changes a's copy only.
+  std::optional<v1::Object> b_before =
+      GetFrom(cache(), WidgetsGvr(), "b", kCluster, kNamespace, "common");
+  ASSERT_TRUE(b_before.has_value());
+  ASSERT_TRUE(Modify(shard("a"), WidgetsGvr(), kCluster, kNamespace, "common", [](v1::Object* o) {
+                (*o->mutable_spec()->mutable_fields())["from"].set_string_value("a, changed");
+              }).ok());
+  EXPECT_TRUE(WaitForCacheInSync("a"));
+  std::optional<v1::Object> b_after =
+      GetFrom(cache(), WidgetsGvr(), "b", kCluster, kNamespace, "common");
+  ASSERT_TRUE(b_after.has_value());
+  EXPECT_EQ(b_after->metadata().resource_version(), b_before->metadata().resource_version());
+  EXPECT_TRUE(WaitForCacheInSync("b"));
+}
+
+// A second CCR for the same resource in the same cluster is invalid (DuplicateResource); the
+// first keeps working. The second's name sorts first, so that only creation order can decide.
+TEST_F(ReplicationTest, SecondCcrForTheSameResourceIsInvalid) {
+  ASSERT_NO_FATAL_FAILURE(StartAll());
+  ASSERT_TRUE(CreateIn(shard(), WidgetsGvr(), Widget("w1")).ok());
+  ASSERT_TRUE(CreateIn(shard(), CcrGvr(), Ccr("z-first")).ok());
+  ASSERT_TRUE(WaitForReady("z-first", 1));
+  ASSERT_TRUE(CreateIn(shard(), CcrGvr(), Ccr("a-second", R"({"matchLabels":{"x":"y"}})")).ok());
+
+  EXPECT_TRUE(WaitForCcr(
+      "a-second",
+      [](const v1::Object& ccr) {
+        ConditionView valid = FindCondition(ccr, "ResourceValid");
+        return valid.status == "False" && valid.reason == "DuplicateResource" &&
+               Phase(ccr) == "Initializing" &&
+               FindCondition(ccr, "ReplicationStarted").status == "False";
+      },
+      "ResourceValid=False DuplicateResource, phase Initializing, ReplicationStarted=False"));
+
+  // The first still works, and the second's selector (which matches nothing) did not change it.
+  ASSERT_TRUE(CreateIn(shard(), WidgetsGvr(), Widget("w2")).ok());
+  EXPECT_TRUE(WaitForReady("z-first", 2));
+  EXPECT_TRUE(WaitForCacheInSync());
+  std::optional<v1::Object> first = GetCcr("z-first");
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(FindCondition(*first, "ResourceValid").status, "True") << DescribeStatus(*first);
+  std::optional<v1::Object> second = GetCcr("a-second");
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(FindCondition(*second, "ResourceValid").reason, "DuplicateResource")
+      << DescribeStatus(*second);
+}
+
+// /healthz answers while running; /readyz is 503 until the informers have synced (here: until
+// the shard store it cannot reach comes up), then 200.
+TEST_F(ReplicationTest, ReadyOnceSynced) {
+  StartShardStore("a");
+  StartCache();
+  ASSERT_FALSE(HasFatalFailure());
+  // The shard store goes away (its port is kept for the restart).
+  ASSERT_EQ(shards_["a"].process->Stop(), 0);
+  ServerProcess* r = StartReplicator("a", "replica-0");
+  ASSERT_TRUE(r->Running());
+
+  EXPECT_TRUE(
+      Eventually([&] { return absl::StartsWith(HttpGet(r->http_port(), "/healthz"), "200"); },
+                 absl::Seconds(10), "/healthz answers 200"));
+  std::string readyz = HttpGet(r->http_port(), "/readyz");
+  EXPECT_TRUE(absl::StartsWith(readyz, "503")) << readyz;
+  absl::SleepFor(absl::Seconds(2));
+  readyz = HttpGet(r->http_port(), "/readyz");
+  EXPECT_TRUE(absl::StartsWith(readyz, "503")) << "ready with no shard store: " << readyz;
+
+  RestartStore(&shards_["a"]);
+  ASSERT_FALSE(HasFatalFailure());
+  EXPECT_TRUE(Eventually(
+      [&] { return absl::StartsWith(HttpGet(r->http_port(), "/readyz"), "200"); }, kConverge,
+      "/readyz answers 200", [&] { return HttpGet(r->http_port(), "/readyz"); }));
+  // And it works.
+  EXPECT_TRUE(WaitForLeading(r, 1, absl::Seconds(15)));
+  ASSERT_TRUE(CreateIn(shard(), CcrGvr(), Ccr("widgets")).ok());
+  ASSERT_TRUE(CreateIn(shard(), WidgetsGvr(), Widget("w1")).ok());
+  EXPECT_TRUE(WaitForReady("widgets", 1));
+  EXPECT_TRUE(WaitForCacheInSync());
+}
+
+// A standby replica (not leading) is ready too.
+TEST_F(ReplicationTest, StandbyIsReady) {
+  ASSERT_NO_FATAL_FAILURE(StartAll());
+  ServerProcess* standby = StartReplicator("a", "replica-1");
+  EXPECT_TRUE(
+      Eventually([&] { return absl::StartsWith(HttpGet(standby->http_port(), "/readyz"), "200"); },
+                 kConverge, "the standby's /readyz answers 200"));
+  EXPECT_EQ(Leading(standby), 0);
+  EXPECT_EQ(Leading(replica_), 1);
+}
+
+// Checks that a run refused to start: exit code 2, no port file, and a stderr line that starts
+// "shard_replicator: refusing to start:" and mentions `mention`.
+void ExpectRefused(const ReplicatorRun& r, const std::string& mention) {
+  EXPECT_TRUE(r.wait_status != -1 && WIFEXITED(r.wait_status) && WEXITSTATUS(r.wait_status) == 2)
+      << "want exit code 2, got " << DescribeWaitStatus(r.wait_status) << "; stderr:\n"
+      << r.stderr_text;
+  EXPECT_FALSE(r.wrote_port_file) << "it reported a port as if serving";
+  bool found = false;
+  for (absl::string_view line : absl::StrSplit(r.stderr_text, '\n')) {
+    if (absl::StartsWith(line, "shard_replicator: refusing to start:")) {
+      found = true;
+      EXPECT_THAT(std::string(line), HasSubstr(mention));
+    }
+  }
+  EXPECT_TRUE(found) << "no line starting \"shard_replicator: refusing to start:\" in stderr:\n"
+                     << r.stderr_text;
+}
+
+TEST(ReplicatorFlagsTest, RefusesToStartWithBadFlags) {
+  const std::vector<std::string> good = {"--shard=a", "--shard-store=127.0.0.1:1",
+                                         "--cache=127.0.0.1:2"};
+  auto with = [&](std::vector<std::string> changes, const std::string& drop = "") {
+    std::vector<std::string> args;
+    for (const std::string& a : good) {
+      if (drop.empty() || !absl::StartsWith(a, drop)) args.push_back(a);
+    }
+    args.insert(args.end(), changes.begin(), changes.end());
+    return args;
+  };
+  {
+    SCOPED_TRACE("no --shard");
+    ExpectRefused(RunReplicatorToExit(with({}, "--shard=")), "--shard:");
+  }
+  {
+    SCOPED_TRACE("--shard not a DNS label");
+    ExpectRefused(RunReplicatorToExit(with({"--shard=Not_A_Label"}, "--shard=")), "--shard:");
+  }
+  {
+    SCOPED_TRACE("no --cache");
+    ExpectRefused(RunReplicatorToExit(with({}, "--cache=")), "--cache:");
+  }
+  {
+    SCOPED_TRACE("no --shard-store");
+    ExpectRefused(RunReplicatorToExit(with({}, "--shard-store=")), "--shard-store:");
+  }
+  {
+    SCOPED_TRACE("renew deadline not below the lease duration");
+    ExpectRefused(RunReplicatorToExit(with({"--lease-duration=3s", "--renew-deadline=5s"})),
+                  "--renew-deadline");
+  }
+  {
+    SCOPED_TRACE("no workers");
+    ExpectRefused(RunReplicatorToExit(with({"--workers=0"})), "--workers:");
+  }
+}
+
+}  // namespace
+}  // namespace shardcache::testing

@@ -1,0 +1,360 @@
+// Process-level tests of shard_replicator's leadership: the lease taken away by another holder and
+// handed back (no writes to the cache in between, then convergence); two replicas, with the
+// leader killed (-9) or terminated; a leader paused past its lease while another takes over,
+// whose old epoch the cache then rejects; and a leader fenced by a higher epoch claimed at the
+// cache.
+
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/lease_lock.h"
+#include "integration_tests/refuse_to_start.h"
+#include "integration_tests/replicator_fixture.h"
+#include "integration_tests/store_fixture.h"
+
+namespace shardcache::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+constexpr char kEpoch[] = "shardcache_replicator_epoch";
+constexpr char kTerms[] = "shardcache_leader_election_terms_total";
+constexpr char kFenced[] = "shardcache_replicator_fenced_total";
+constexpr char kWrites[] = "shardcache_replicator_writes_total";
+// How long a standby may take to notice that a lease was released, or that its holder's term
+// ended, beyond what the protocol allows: scheduling on a loaded two-core machine.
+constexpr absl::Duration kSlack = absl::Seconds(2);
+
+// A metric that may not be exported before its first increment: absent reads as 0.
+double Counter(ServerProcess* p, const std::string& name) {
+  double v = Metric(p->http_port(), name);
+  return v < 0 ? 0 : v;
+}
+
+size_t Occurrences(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) {
+    ++n;
+  }
+  return n;
+}
+
+class LeadershipTest : public ReplicatorFixture {
+ protected:
+  // Shard "a"'s store and the cache.
+  void StartStores() {
+    StartShardStore("a");
+    if (HasFatalFailure()) return;
+    StartCache();
+  }
+
+  // CCR "widgets" and widgets w1..w3, in sync in the cache.
+  void StartReplicating() {
+    ASSERT_TRUE(CreateIn(shard(), CcrGvr(), Ccr("widgets")).ok());
+    for (const char* name : {"w1", "w2", "w3"}) {
+      ASSERT_TRUE(CreateIn(shard(), WidgetsGvr(), Widget(name)).ok());
+    }
+    ASSERT_TRUE(WaitForReady("widgets", 3));
+    ASSERT_TRUE(WaitForCacheInSync());
+    ASSERT_TRUE(WaitForCcrCopy("widgets"));
+  }
+
+  // Waits until exactly one of `replicas` leads and returns it (nullptr on timeout).
+  ServerProcess* WaitForOneLeader(const std::vector<ServerProcess*>& replicas,
+                                  absl::Duration timeout = absl::Seconds(15)) {
+    ServerProcess* leader = nullptr;
+    EXPECT_TRUE(Eventually(
+        [&] {
+          int leading = 0;
+          for (ServerProcess* r : replicas) {
+            if (Leading(r) == 1) {
+              leader = r;
+              ++leading;
+            }
+          }
+          return leading == 1;
+        },
+        timeout, "exactly one replica leads"));
+    return leader;
+  }
+
+  // Rewrites the lease's record in the shard store (retrying on conflicts with the holder).
+  void RewriteLease(const std::function<void(LeaderElectionRecord*)>& change) {
+    grpc::Status s = Modify(
+        shard(), LeaseGvr(), kLeaseCluster, kLeaseNamespace, kLeaseName, [&](v1::Object* lease) {
+          absl::StatusOr<LeaderElectionRecord> record = RecordFromSpec(lease->spec());
+          ASSERT_TRUE(record.ok()) << record.status();
+          change(&*record);
+          *lease->mutable_spec() = RecordToSpec(*record);
+        });
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+
+  // A local change: w1's spec.color.
+  void ChangeLocally(const std::string& color) {
+    ASSERT_TRUE(Modify(shard(), WidgetsGvr(), kCluster, kNamespace, "w1", [&](v1::Object* o) {
+                  (*o->mutable_spec()->mutable_fields())["color"].set_string_value(color);
+                }).ok());
+  }
+};
+
+// Another holder takes the lease (as if it had won an election): the replica stops leading and
+// writes nothing to the cache while local changes happen; when the lease is handed back, its next
+// term converges the cache, changes made in between included.
+TEST_F(LeadershipTest, LeaseTakenAwayAndHandedBack) {
+  ASSERT_NO_FATAL_FAILURE(StartStores());
+  ServerProcess* r = StartReplicator("a", "replica-0");
+  ASSERT_TRUE(WaitForLeading(r, 1, absl::Seconds(15)));
+  ASSERT_NO_FATAL_FAILURE(StartReplicating());
+  double epoch = Metric(r->http_port(), kEpoch);
+  EXPECT_GT(epoch, 0);
+  double terms = Metric(r->http_port(), kTerms);
+  EXPECT_EQ(terms, 1);
+
+  RewriteLease([](LeaderElectionRecord* rec) {
+    rec->holder_identity = "intruder";
+    rec->leader_transitions += 1;
+    rec->acquire_time = absl::Now();
+    rec->renew_time = absl::Now();
+    rec->lease_duration = absl::Hours(1);
+  });
+  ASSERT_FALSE(HasFatalFailure());
+  ASSERT_TRUE(WaitForLeading(r, 0, kRenewDeadline + kRetryPeriod + kSlack));
+  EXPECT_EQ(Metric(r->http_port(), kEpoch), 0);
+  EXPECT_EQ(Metric(r->http_port(), "shardcache_replicator_replication_controllers"), 0);
+
+  // Watch the cache's copies of shard a (widgets and CCRs) from now on.
+  v1::WatchRequest req;
+  *req.mutable_resource() = WidgetsGvr();
+  req.set_shard("a");
+  WatchStream widget_watch(cache(), req);
+  *req.mutable_resource() = CcrGvr();
+  WatchStream ccr_watch(cache(), req);
+  ASSERT_TRUE(widget_watch.SkipInitial());
+  ASSERT_TRUE(ccr_watch.SkipInitial());
+  double writes = Counter(r, kWrites);
+  std::optional<v1::Object> ccr_before = GetCcr("widgets");
+  ASSERT_TRUE(ccr_before.has_value());
+
+  // Local changes while nobody (that replicates) leads.
+  ChangeLocally("while-not-leading");
+  ASSERT_TRUE(DeleteIn(shard(), WidgetsGvr(), "", kCluster, kNamespace, "w2").ok());
+  ASSERT_TRUE(CreateIn(shard(), WidgetsGvr(), Widget("w4")).ok());
+  // Nothing reaches the cache, and nobody writes the CCR's status (3 s: several retry periods).
+  std::optional<v1::WatchEvent> e = widget_watch.NextObjectEvent(absl::Seconds(3));
+  EXPECT_FALSE(e.has_value()) << "the cache changed while the replica did not lead: " << ToJson(*e);
+  e = ccr_watch.NextObjectEvent(absl::Milliseconds(100));
+  EXPECT_FALSE(e.has_value()) << "the CCR's copy changed while the replica did not lead: "
+                              << ToJson(*e);
+  EXPECT_EQ(Counter(r, kWrites), writes);
+  std::optional<v1::Object> ccr_after = GetCcr("widgets");
+  ASSERT_TRUE(ccr_after.has_value());
+  EXPECT_EQ(ccr_after->metadata().resource_version(), ccr_before->metadata().resource_version())
+      << "the CCR was written while the replica did not lead: " << DescribeStatus(*ccr_after);
+  EXPECT_EQ(Leading(r), 0);
+
+  // Handed back (released, as a holder that stops does).
+  RewriteLease([](LeaderElectionRecord* rec) {
+    rec->holder_identity = "";
+    rec->lease_duration = absl::Seconds(1);
+  });
+  ASSERT_FALSE(HasFatalFailure());
+  ASSERT_TRUE(WaitForLeading(r, 1, kRetryPeriod * 2.2 + kSlack));
+  EXPECT_GE(Metric(r->http_port(), kEpoch), epoch + 2) << "the intruder's term counts too";
+  EXPECT_EQ(Metric(r->http_port(), kTerms), 2);
+  EXPECT_TRUE(WaitForCacheInSync());
+  EXPECT_TRUE(WaitForReady("widgets", 3));
+  EXPECT_TRUE(WaitForCcrCopy("widgets"));
+}
+
+// Two replicas: one leads, the other stands by. Killed with SIGKILL, the leader cannot release its
+// lease: the standby takes over once it expires. Stopped with SIGTERM, the leader releases it: the
+// standby takes over within a retry period. Either way the new leader converges.
+TEST_F(LeadershipTest, StandbyTakesOverFromAKilledOrStoppedLeader) {
+  ASSERT_NO_FATAL_FAILURE(StartStores());
+  ServerProcess* r0 = StartReplicator("a", "replica-0");
+  ServerProcess* r1 = StartReplicator("a", "replica-1");
+  ServerProcess* leader = WaitForOneLeader({r0, r1});
+  ASSERT_NE(leader, nullptr);
+  ServerProcess* standby = leader == r0 ? r1 : r0;
+  ASSERT_NO_FATAL_FAILURE(StartReplicating());
+  EXPECT_EQ(Leading(standby), 0);
+
+  // kill -9.
+  leader->Signal(SIGKILL);
+  absl::Time killed = absl::Now();
+  EXPECT_NE(leader->Wait(absl::Seconds(5)), -1);
+  ::testing::AssertionResult took_over =
+      WaitForLeading(standby, 1, kLeaseDuration + kRetryPeriod * 2.2 + kSlack);
+  ASSERT_TRUE(took_over) << "(lease " << kLeaseDuration << ", retry period " << kRetryPeriod << ")";
+  std::cerr << "after SIGKILL of the leader, the standby led within " << absl::Now() - killed
+            << "\n";
+  ChangeLocally("after-kill");
+  ASSERT_TRUE(CreateIn(shard(), WidgetsGvr(), Widget("w4")).ok());
+  EXPECT_TRUE(WaitForCacheInSync());
+  EXPECT_TRUE(WaitForReady("widgets", 4));
+
+  // A new standby; then SIGTERM to the leader.
+  leader = standby;
+  standby = StartReplicator("a", "replica-2");
+  EXPECT_TRUE(
+      Eventually([&] { return absl::StartsWith(HttpGet(standby->http_port(), "/readyz"), "200"); },
+                 kConverge, "the new standby is ready"));
+  EXPECT_EQ(Leading(standby), 0);
+  leader->Signal(SIGTERM);
+  absl::Time terminated = absl::Now();
+  ASSERT_TRUE(WaitForLeading(standby, 1, kRetryPeriod * 2.2 + kSlack));
+  std::cerr << "after SIGTERM of the leader, the standby led within " << absl::Now() - terminated
+            << "\n";
+  int status = leader->Wait(absl::Seconds(15));
+  EXPECT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << DescribeWaitStatus(status);
+  ChangeLocally("after-term");
+  ASSERT_TRUE(DeleteIn(shard(), WidgetsGvr(), "", kCluster, kNamespace, "w2").ok());
+  EXPECT_TRUE(WaitForCacheInSync());
+  EXPECT_TRUE(WaitForReady("widgets", 3));
+  EXPECT_TRUE(WaitForCcrCopy("widgets"));
+}
+
+// A leader paused (SIGSTOP) past its lease: the standby takes over and writes. Resumed, the old
+// leader stops leading, the cache keeps the new leader's view, and a write with the old leader's
+// epoch is fenced.
+TEST_F(LeadershipTest, PausedLeaderIsFencedAfterTakeover) {
+  ASSERT_NO_FATAL_FAILURE(StartStores());
+  ServerProcess* r0 = StartReplicator("a", "replica-0");
+  ServerProcess* r1 = StartReplicator("a", "replica-1");
+  ServerProcess* old_leader = WaitForOneLeader({r0, r1});
+  ASSERT_NE(old_leader, nullptr);
+  ServerProcess* new_leader = old_leader == r0 ? r1 : r0;
+  ASSERT_NO_FATAL_FAILURE(StartReplicating());
+  double old_epoch = Metric(old_leader->http_port(), kEpoch);
+  ASSERT_GT(old_epoch, 0);
+
+  ASSERT_TRUE(old_leader->Pause());
+  ASSERT_TRUE(WaitForLeading(new_leader, 1, kLeaseDuration + kRetryPeriod * 2.2 + kSlack));
+  double new_epoch = Metric(new_leader->http_port(), kEpoch);
+  EXPECT_GT(new_epoch, old_epoch);
+  // The new leader writes.
+  ChangeLocally("new-leader");
+  ASSERT_TRUE(CreateIn(shard(), WidgetsGvr(), Widget("w4")).ok());
+  ASSERT_TRUE(WaitForCacheInSync());
+  ASSERT_TRUE(WaitForReady("widgets", 4));
+  // And a change the old leader will see when it resumes.
+  ASSERT_TRUE(Modify(shard(), WidgetsGvr(), kCluster, kNamespace, "w3", [](v1::Object* o) {
+                (*o->mutable_spec()->mutable_fields())["size"].set_number_value(33);
+              }).ok());
+
+  old_leader->Signal(SIGCONT);
+  EXPECT_TRUE(WaitForLeading(old_leader, 0, kRenewDeadline + kRetryPeriod * 2.2 + kSlack));
+  EXPECT_EQ(Leading(new_leader), 1);
+  EXPECT_TRUE(WaitForCacheInSync());
+  // For a few retry periods, the cache keeps the new leader's view, and the leadership stays.
+  absl::Time end = absl::Now() + absl::Seconds(3);
+  while (absl::Now() < end) {
+    std::string diff = CacheDiff("a", "", WidgetsGvr(), kCluster);
+    ASSERT_EQ(diff, "") << "the cache left the new leader's view";
+    ASSERT_EQ(Leading(old_leader), 0);
+    ASSERT_EQ(Leading(new_leader), 1);
+    absl::SleepFor(absl::Milliseconds(250));
+  }
+  EXPECT_TRUE(WaitForReady("widgets", 4));
+  EXPECT_TRUE(WaitForCcrCopy("widgets"));
+
+  // A write carrying the old leader's epoch is fenced: an upsert of a copy, and a delete.
+  v1::Fence fence;
+  fence.set_shard("a");
+  fence.set_epoch(static_cast<int64_t>(old_epoch));
+  std::optional<v1::Object> copy = GetFrom(cache(), WidgetsGvr(), "a", kCluster, kNamespace, "w1");
+  ASSERT_TRUE(copy.has_value());
+  v1::UpdateRequest update;
+  *update.mutable_resource() = WidgetsGvr();
+  *update.mutable_object() = *copy;
+  (*update.mutable_object()->mutable_spec()->mutable_fields())["color"].set_string_value("stale");
+  *update.mutable_fence() = fence;
+  v1::Object out;
+  grpc::Status s = cache()->Update(Context().get(), update, &out);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_THAT(s.error_message(), StartsWith("fenced:"));
+  v1::DeleteRequest del;
+  *del.mutable_resource() = WidgetsGvr();
+  del.set_shard("a");
+  del.set_cluster(kCluster);
+  del.set_namespace_(kNamespace);
+  del.set_name("w1");
+  *del.mutable_fence() = fence;
+  v1::DeleteResponse deleted;
+  s = cache()->Delete(Context().get(), del, &deleted);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_THAT(s.error_message(), StartsWith("fenced:"));
+  // The new leader's epoch is still good (claiming it again is allowed).
+  v1::ClaimEpochRequest claim;
+  claim.mutable_fence()->set_shard("a");
+  claim.mutable_fence()->set_epoch(static_cast<int64_t>(new_epoch));
+  v1::ClaimEpochResponse claimed;
+  s = cache()->ClaimEpoch(Context().get(), claim, &claimed);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(claimed.epoch(), static_cast<int64_t>(new_epoch));
+  EXPECT_TRUE(WaitForCacheInSync());
+}
+
+// A higher epoch claimed at the cache for the shard while a replica leads: its next write is
+// fenced, it counts it, and its term ends; the change it could not write never reaches the cache.
+TEST_F(LeadershipTest, HigherEpochClaimedAtTheCacheFencesTheLeader) {
+  ASSERT_NO_FATAL_FAILURE(StartStores());
+  ServerProcess* r = StartReplicator("a", "replica-0");
+  ASSERT_TRUE(WaitForLeading(r, 1, absl::Seconds(15)));
+  ASSERT_NO_FATAL_FAILURE(StartReplicating());
+  double epoch = Metric(r->http_port(), kEpoch);
+  ASSERT_GT(epoch, 0);
+  double fenced = Counter(r, kFenced);
+  EXPECT_EQ(fenced, 0);
+  std::optional<v1::Object> w1_copy =
+      GetFrom(cache(), WidgetsGvr(), "a", kCluster, kNamespace, "w1");
+  ASSERT_TRUE(w1_copy.has_value());
+  size_t stopped = Occurrences(r->Log(), "stopped leading");
+
+  v1::ClaimEpochRequest claim;
+  claim.mutable_fence()->set_shard("a");
+  claim.mutable_fence()->set_epoch(static_cast<int64_t>(epoch) + 100);
+  v1::ClaimEpochResponse claimed;
+  grpc::Status s = cache()->ClaimEpoch(Context().get(), claim, &claimed);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(claimed.epoch(), static_cast<int64_t>(epoch) + 100);
+
+  ChangeLocally("fenced-out");
+  EXPECT_TRUE(Eventually([&] { return Counter(r, kFenced) > fenced; }, absl::Seconds(10),
+                         "shardcache_replicator_fenced_total rises",
+                         [&] { return absl::StrCat(Counter(r, kFenced)); }));
+  EXPECT_TRUE(Eventually([&] { return Occurrences(r->Log(), "stopped leading") > stopped; },
+                         absl::Seconds(10), "the log says the term ended"));
+  EXPECT_THAT(r->Log(), HasSubstr("fenced"));
+
+  // The change never reached the cache (a new term, if any, is fenced as well: its epoch is far
+  // below the claimed one).
+  absl::Time end = absl::Now() + absl::Seconds(2);
+  while (absl::Now() < end) {
+    std::optional<v1::Object> now = GetFrom(cache(), WidgetsGvr(), "a", kCluster, kNamespace, "w1");
+    ASSERT_TRUE(now.has_value());
+    ASSERT_EQ(now->metadata().resource_version(), w1_copy->metadata().resource_version())
+        << "a fenced replica changed the cache: " << ToJson(*now);
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_TRUE(r->Running());
+  EXPECT_TRUE(absl::StartsWith(HttpGet(r->http_port(), "/healthz"), "200"));
+}
+
+}  // namespace
+}  // namespace shardcache::testing
