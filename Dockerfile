@@ -12,15 +12,11 @@ WORKDIR /src
 COPY scripts/deps.sh scripts/deps.sh
 RUN bash scripts/deps.sh && rm -rf /var/lib/apt/lists/*
 COPY . .
-# Builds only the server binaries (not the tests); shard_replicator once it exists.
+# Builds only the two programs (not the tests).
 RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release \
- && jobs="${JOBS:-$(nproc)}" \
- && cmake --build build -j"$jobs" --target cache_server \
- && mkdir -p /out && cp build/cache_server/cache_server /out/ \
- && if cmake --build build --target help | grep -qw shard_replicator; then \
-      cmake --build build -j"$jobs" --target shard_replicator \
-      && cp build/shard_replicator/shard_replicator /out/; \
-    fi \
+ && cmake --build build -j"${JOBS:-$(nproc)}" --target cache_server shard_replicator \
+ && mkdir -p /out \
+ && cp build/cache_server/cache_server build/shard_replicator/shard_replicator /out/ \
  && strip /out/*
 
 FROM debian:bookworm-slim AS runtime
@@ -38,6 +34,8 @@ RUN useradd --system --home-dir /var/lib/shardcache shardcache \
  && mkdir -p /var/lib/shardcache && chown shardcache:shardcache /var/lib/shardcache
 USER shardcache
 WORKDIR /var/lib/shardcache
-# gRPC and HTTP (/metrics, /healthz, /readyz) of a cache_server; each service picks its ports.
-EXPOSE 7070 8070
+# gRPC and HTTP (/metrics, /healthz, /readyz) of a cache_server, and HTTP of a shard_replicator;
+# each service picks its ports. The entry point is cache_server; a replicator's service sets
+# `entrypoint: ["shard_replicator"]` (see docker-compose.yml).
+EXPOSE 7070 8070 8080
 ENTRYPOINT ["cache_server"]

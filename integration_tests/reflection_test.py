@@ -2,10 +2,11 @@
 """The reflection test: cache_server as seen by a client that knows only gRPC reflection.
 
   /usr/bin/python3 reflection_test.py --server build/cache_server/cache_server \\
-      --grpc-proto-dir /usr/share/grpc-proto --work-dir /tmp/reflection_test
+      --grpc-proto-dir /usr/share/grpc-proto --work-dir /tmp/reflection_test \\
+      [--replicator build/shard_replicator/shard_replicator]
 
-Two test cases, each against servers of its own that it starts on loopback ports it lets the
-server pick (--listen=127.0.0.1:0, --port-file):
+Test cases, each against servers of its own that it starts on loopback ports it lets the server
+pick (--listen=127.0.0.1:0, --http-listen=127.0.0.1:0, --port-file):
 
 - ReflectionTest: with grpcurl_lite's machinery (no shardcache proto is compiled in), lists the
   services, resolves every method of every service and every type they reach, describes
@@ -16,6 +17,13 @@ server pick (--listen=127.0.0.1:0, --port-file):
   (127.0.0.1:7071 for the shard store, 127.0.0.1:7070 for the cache) pointing at a fresh shard
   server and a fresh cache server. Each command must exit 0, unless its line ends with a comment
   "# fails: CODE" (a gRPC code as grpcurl prints it, e.g. NotFound): then it must fail with it.
+- ReplicationExamplesTest (only with --replicator): the deployment of scripts/run.sh, a shard
+  store, a cache and a shard_replicator for shard "a" (127.0.0.1:8072 in README.md stands for
+  the replicator's HTTP address). Runs the "## The API by example" commands (with the replicator
+  renewing its lease in the shard store all along), then every command of the "## Replication
+  by example" section, in one shell, and checks what each of the latter prints (REPLICATION_CHECKS).
+  Replication is asynchronous: a command whose check is marked "eventually" is run again until
+  the check passes, for at most EVENTUALLY_TIMEOUT.
 
 Prints "N passed, M failed" last and exits non-zero on any failure. The servers are always
 stopped at the end (SIGTERM, then SIGKILL after 10 s).
@@ -32,6 +40,8 @@ import sys
 import tempfile
 import time
 import unittest
+import urllib.error
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -43,6 +53,8 @@ import grpc  # noqa: E402  pylint: disable=wrong-import-position
 GRPCURL_LITE = os.path.join(HERE, "grpcurl_lite.py")
 README = os.path.join(os.path.dirname(HERE), "README.md")
 README_SECTION = "## The API by example"
+REPLICATION_SECTION = "## Replication by example"
+DOCUMENTED_REPLICATOR_HTTP_ADDRESS = "127.0.0.1:8072"
 DOCUMENTED_SHARD_ADDRESS = "127.0.0.1:7071"
 DOCUMENTED_CACHE_ADDRESS = "127.0.0.1:7070"
 
@@ -53,6 +65,8 @@ CALL_TIMEOUT = 10.0
 COMMAND_TIMEOUT = 60.0  # one grpcurl_lite.py process
 README_COMMAND_MAX_TIME = 20  # -max-time given to README commands that set none themselves
 README_SCRIPT_TIMEOUT = 150.0
+EVENTUALLY_TIMEOUT = 30.0  # a README command re-run until its check passes
+EVENTUALLY_INTERVAL = 0.5
 
 # Set by main() from the command line.
 ARGS = None
@@ -91,11 +105,13 @@ class Server:
     def address(self):
         return "127.0.0.1:%d" % self.grpc_port
 
+    def command(self):
+        return [ARGS.server, "--role=" + self.role, "--listen=127.0.0.1:0",
+                "--http-listen=127.0.0.1:0", "--port-file=" + self.port_file]
+
     def start(self):
-        command = [ARGS.server, "--role=" + self.role, "--listen=127.0.0.1:0",
-                   "--http-listen=127.0.0.1:0", "--port-file=" + self.port_file]
         with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(command, cwd=self.dir, stdout=log,
+            self.process = subprocess.Popen(self.command(), cwd=self.dir, stdout=log,
                                             stderr=subprocess.STDOUT)
         SERVERS.append(self)
         deadline = time.monotonic() + SERVER_START_TIMEOUT
@@ -138,6 +154,49 @@ class Server:
                 self.role, self.process.pid, SERVER_STOP_GRACE))
             self.process.kill()
             self.process.wait(timeout=SERVER_STOP_GRACE)
+
+
+class Replicator(Server):
+    """One shard_replicator process; it serves HTTP only (no gRPC port)."""
+
+    def __init__(self, shard, shard_store, cache):
+        super().__init__("replicator")
+        self.shard, self.shard_store, self.cache = shard, shard_store, cache
+
+    @property
+    def http_address(self):
+        return "127.0.0.1:%d" % self.http_port
+
+    def command(self):
+        return [ARGS.replicator, "--shard=" + self.shard,
+                "--shard-store=" + self.shard_store.address, "--cache=" + self.cache.address,
+                "--http-listen=127.0.0.1:0", "--port-file=" + self.port_file]
+
+    def _read_ports(self):
+        try:
+            with open(self.port_file) as f:
+                values = dict(line.strip().split("=", 1) for line in f if "=" in line)
+            return None, int(values["http_port"])
+        except (OSError, KeyError, ValueError):
+            return None
+
+    def wait_ready(self):
+        """Waits for /readyz to answer 200 (its informers have synced)."""
+        deadline = time.monotonic() + SERVER_START_TIMEOUT
+        url = "http://%s/readyz" % self.http_address
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError("replicator exited with %d:\n%s" % (
+                    self.process.returncode, self.log()))
+            try:
+                with urllib.request.urlopen(url, timeout=CALL_TIMEOUT) as response:
+                    if response.status == 200:
+                        return self
+            except (OSError, urllib.error.URLError):
+                pass
+            time.sleep(0.1)
+        raise AssertionError("replicator not ready within %.0f s:\n%s" % (
+            SERVER_START_TIMEOUT, self.log()))
 
 
 def run_grpcurl_lite(args, stdin_text=None):
@@ -183,7 +242,8 @@ class ReflectionTest(unittest.TestCase):
         self.assertEqual(cli.returncode, 0, cli.stderr)
         self.assertEqual(cli.stdout.split(), sorted(
             "shardcache.v1.Store." + m for m in
-            ("Get", "List", "Watch", "Create", "Update", "UpdateStatus", "Delete", "Write")))
+            ("Get", "List", "Watch", "Create", "Update", "UpdateStatus", "Delete", "Write",
+             "ClaimEpoch")))
 
     def test_EveryMethodOfEveryService_ResolvesWithAllItsTypes(self):
         # A client of its own, so that nothing resolved by another test helps.
@@ -346,17 +406,17 @@ _HEREDOC = re.compile(r"<<-?\s*(['\"]?)([A-Za-z_][A-Za-z_0-9]*)\1")
 _FAILS = re.compile(r"#\s*fails:\s*([A-Za-z_]+)")
 
 
-def readme_commands(text):
-    """The commands of the ```sh blocks of the API section, in order, as (command, fails) pairs.
+def readme_commands(text, section_title=README_SECTION):
+    """The commands of the ```sh blocks of a section, in order, as (command, fails) pairs.
 
     A command is a line with its continuation lines (trailing backslash) and its heredoc bodies;
     fails is the code named by a trailing "# fails: CODE" comment, or None. Comment lines and
     blank lines are skipped.
     """
-    start = text.find("\n" + README_SECTION + "\n")
+    start = text.find("\n" + section_title + "\n")
     if start < 0:
-        raise AssertionError("README.md has no section %r" % README_SECTION)
-    section = text[start + len(README_SECTION) + 2:]
+        raise AssertionError("README.md has no section %r" % section_title)
+    section = text[start + len(section_title) + 2:]
     following = re.search(r"^## ", section, re.M)
     if following:
         section = section[:following.start()]
@@ -478,6 +538,295 @@ class ReadmeExamplesTest(unittest.TestCase):
                     self.assertIn("Code: %s\n" % grpcurl_lite.code_name(code), err, what)
 
 
+class _Shell:
+    """One bash process that runs commands one at a time, so that shell variables set by one
+    command serve the next ones while Python checks each command's output in between."""
+
+    def __init__(self, out_dir, preamble):
+        self.out_dir = out_dir
+        self.count = 0
+        self.stderr = open(os.path.join(out_dir, "shell.err"), "w")
+        self.process = subprocess.Popen(["/bin/bash"], stdin=subprocess.PIPE,
+                                        stdout=self.stderr, stderr=self.stderr, text=True,
+                                        cwd=out_dir)
+        self.process.stdin.write("\n".join(preamble) + "\n")
+        self.process.stdin.flush()
+
+    def run(self, command):
+        """Runs command; returns (exit code, stdout, stderr, path prefix of its files)."""
+        self.count += 1
+        base = os.path.join(self.out_dir, str(self.count))
+        self.process.stdin.write("{\n%s\n} >%s.out 2>%s.err </dev/null\n"
+                                 "echo $? >%s.rc.tmp && mv %s.rc.tmp %s.rc\n" % (
+                                     command, base, base, base, base, base))
+        self.process.stdin.flush()
+        deadline = time.monotonic() + COMMAND_TIMEOUT
+        while not os.path.exists(base + ".rc"):
+            if self.process.poll() is not None:
+                raise AssertionError("the shell exited (%d) running:\n%s" % (
+                    self.process.returncode, command))
+            if time.monotonic() > deadline:
+                raise AssertionError("no end within %.0f s of:\n%s" % (COMMAND_TIMEOUT, command))
+            time.sleep(0.02)
+        with open(base + ".rc") as f:
+            rc = int(f.read())
+        with open(base + ".out", errors="replace") as f:
+            out = f.read()
+        with open(base + ".err", errors="replace") as f:
+            err = f.read()
+        return rc, out, err, base
+
+    def close(self):
+        try:
+            self.process.stdin.close()
+            self.process.wait(timeout=SERVER_STOP_GRACE)
+        except (OSError, subprocess.TimeoutExpired):
+            self.process.kill()
+            self.process.wait()
+        self.stderr.close()
+
+
+def _json(out):
+    return grpcurl_lite.json_values_from_text(out)
+
+
+def _names(items):
+    return sorted(i["metadata"]["name"] for i in items)
+
+
+def _condition(status, type_):
+    for c in status.get("conditions", []):
+        if c.get("type") == type_:
+            return c
+    raise AssertionError("no condition %s in %s" % (type_, status))
+
+
+def _ok(t, rc, out, err):
+    t.assertEqual(rc, 0)
+
+
+def _leading(t, rc, out, err):
+    t.assertEqual(rc, 0)
+    t.assertRegex(out.strip(), r'^shardcache_leader_election_leading\{lease="[^"]+"\} 1$')
+
+
+def _created_named(name):
+    def check(t, rc, out, err):
+        t.assertEqual(rc, 0)
+        t.assertEqual(_json(out)[0]["metadata"]["name"], name)
+    return check
+
+
+def _written_three(t, rc, out, err):
+    t.assertEqual(rc, 0)
+    answers = _json(out)
+    t.assertEqual([a.get("id") for a in answers], ["1", "2", "3"])
+    t.assertEqual([a.get("code", 0) for a in answers], [0, 0, 0])
+
+
+def _ccr_ready(t, rc, out, err):
+    t.assertEqual(rc, 0)
+    ccr = _json(out)[0]
+    t.assertIn("cache.shardcache.io/replicator", ccr["metadata"].get("finalizers", []))
+    status = ccr.get("status", {})
+    t.assertEqual(status.get("phase"), "Ready")
+    t.assertEqual(status.get("observedGeneration"), 1)
+    valid = _condition(status, "ResourceValid")
+    t.assertEqual((valid["status"], valid["reason"]), ("True", "Valid"))
+    started = _condition(status, "ReplicationStarted")
+    t.assertEqual((started["status"], started["reason"]), ("True", "Started"))
+    t.assertEqual(status.get("resourceCounts"), {"local": 2, "cache": 2})
+
+
+def _copies_of(*names):
+    def check(t, rc, out, err):
+        t.assertEqual(rc, 0)
+        items = _json(out)[0].get("items", [])
+        t.assertEqual(_names(items), list(names))
+        for item in items:
+            meta = item["metadata"]
+            t.assertEqual(meta.get("shard"), "a")
+            t.assertEqual(meta.get("cluster"), "root")
+            annotations = meta.get("annotations", {})
+            t.assertEqual(annotations.get("cache.shardcache.io/original-uid"), meta["uid"])
+            t.assertRegex(annotations.get("cache.shardcache.io/original-resource-version", ""),
+                          r"^[0-9]+$")
+            t.assertEqual(meta.get("labels"), {"cache": "yes"})
+            t.assertNotIn("finalizers", meta)
+    return check
+
+
+def _ccr_copy(t, rc, out, err):
+    t.assertEqual(rc, 0)
+    items = _json(out)[0].get("items", [])
+    t.assertEqual(_names(items), ["gadgets"])
+    t.assertEqual(items[0]["metadata"].get("shard"), "a")
+    t.assertEqual(items[0]["spec"]["resource"], "gadgets")
+
+
+def _deleted(t, rc, out, err):
+    t.assertEqual(rc, 0)
+    t.assertIs(_json(out)[0].get("deleted"), True)
+
+
+def _watch_shows(*names):
+    def check(t, rc, out, err):
+        t.assertEqual(rc, grpcurl_lite.STATUS_CODE_OFFSET + grpc.StatusCode.DEADLINE_EXCEEDED.value[0])
+        events = _json(out)
+        types = [e["type"] for e in events]
+        t.assertIn("BOOKMARK", types)
+        initial = events[:types.index("BOOKMARK")]  # Later events: periodic bookmarks only.
+        t.assertEqual([(e["type"], e["object"]["metadata"].get("name")) for e in initial],
+                      [("ADDED", n) for n in names])
+        t.assertEqual(set(types[len(initial):]), {"BOOKMARK"})
+    return check
+
+
+def _copy_restored(t, rc, out, err):
+    t.assertEqual(rc, 0)
+    copy = _json(out)[0]
+    t.assertEqual((copy["metadata"]["shard"], copy["metadata"]["name"]), ("a", "gadget-1"))
+
+
+def _lease(t, rc, out, err):
+    t.assertEqual(rc, 0)
+    spec = _json(out)[0]["spec"]
+    t.assertTrue(spec.get("holderIdentity"))
+    t.assertGreaterEqual(spec.get("leaseTransitions", 0), 1)
+
+
+def _ccr_held(t, rc, out, err):
+    t.assertEqual(rc, 0)
+    answer = _json(out)[0]
+    t.assertNotIn("deleted", answer)  # false: proto3 JSON leaves it out
+    t.assertIn("deletionTimestamp", answer["object"]["metadata"])
+
+
+def _ccr_deletion_watched(t, rc, out, err):
+    t.assertEqual(rc, grpcurl_lite.STATUS_CODE_OFFSET + grpc.StatusCode.DEADLINE_EXCEEDED.value[0])
+    events = _json(out)
+    t.assertTrue(events)
+    phases = [e["object"].get("status", {}).get("phase") for e in events
+              if e["type"] == "MODIFIED"]
+    t.assertIn("Deleting", phases)
+    t.assertIn("Deleted", phases)
+    t.assertLess(phases.index("Deleting"), phases.index("Deleted"))
+    t.assertEqual(events[-1]["type"], "DELETED")
+
+
+def _empty_list(t, rc, out, err):
+    t.assertEqual(rc, 0)
+    t.assertEqual(_json(out)[0].get("items", []), [])
+
+
+# What each command of README.md's "## Replication by example" section must print, in order:
+# (a piece of the command's text, the check, whether to run it again until the check passes).
+REPLICATION_CHECKS = [
+    ("/readyz", _ok, False),
+    ("shardcache_leader_election_leading", _leading, True),
+    ("gadgets.example.com", _created_named("gadgets.example.com"), False),
+    ("Store/Write", _written_three, False),
+    ("Store/Create", _created_named("gadgets"), False),
+    ("Store/Get", _ccr_ready, True),
+    ("7070 shardcache.v1.Store/List", _copies_of("gadget-1", "gadget-2"), True),
+    ("7070 shardcache.v1.Store/List", _ccr_copy, True),
+    ("Store/Update", _ok, False),
+    ("Store/Delete", _deleted, False),
+    ("7070 shardcache.v1.Store/Watch", _watch_shows("gadget-1", "gadget-3"), True),
+    ("7070 shardcache.v1.Store/Delete", _deleted, False),
+    ("7070 shardcache.v1.Store/Get", _copy_restored, True),
+    ('"leases"', _lease, False),
+    ("RV=$(", _ok, False),
+    ("Store/Delete", _ccr_held, False),
+    ("7071 shardcache.v1.Store/Watch", _ccr_deletion_watched, True),
+    ("7070 shardcache.v1.Store/List", _empty_list, True),
+    ("7070 shardcache.v1.Store/List", _empty_list, True),
+]
+
+
+class ReplicationExamplesTest(unittest.TestCase):
+    """README.md's API and replication examples, against scripts/run.sh's deployment."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.shard = Server("shard").start()
+        cls.cache = Server("cache").start()
+        cls.replicator = Replicator("a", cls.shard, cls.cache).start().wait_ready()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.replicator.stop()
+        cls.shard.stop()
+        cls.cache.stop()
+
+    def localize(self, command):
+        command = command.replace(DOCUMENTED_SHARD_ADDRESS, self.shard.address)
+        command = command.replace(DOCUMENTED_CACHE_ADDRESS, self.cache.address)
+        return command.replace(DOCUMENTED_REPLICATOR_HTTP_ADDRESS, self.replicator.http_address)
+
+    def test_ReplicationExamples_RunAsDocumented(self):
+        with open(ARGS.readme) as f:
+            text = f.read()
+        api_commands = readme_commands(text)
+        commands = readme_commands(text, REPLICATION_SECTION)
+        self.assertEqual(
+            [c for c, _ in commands if not re.search(r"\b(grpcurl|curl) ", c)], [],
+            "every command of the replication section runs grpcurl or curl")
+        self.assertEqual(len(commands), len(REPLICATION_CHECKS),
+                         "README.md's replication commands and REPLICATION_CHECKS differ:\n" +
+                         "\n---\n".join(c for c, _ in commands))
+
+        out_dir = tempfile.mkdtemp(prefix="replication.", dir=ARGS.work_dir)
+        shell = _Shell(out_dir, [
+            "set -o pipefail",
+            'grpcurl() { %s %s -work-dir %s -grpc-proto-dir %s -max-time %d "$@"; }' % (
+                shell_quote(sys.executable), shell_quote(GRPCURL_LITE),
+                shell_quote(ARGS.work_dir), shell_quote(ARGS.grpc_proto_dir),
+                README_COMMAND_MAX_TIME),
+            # curl with a deadline; without curl, python's urllib in its place (GET only).
+            "if command -v curl >/dev/null; then",
+            '  curl() { command curl --max-time 10 "$@"; }',
+            "else",
+            "  curl() { %s -c 'import sys, urllib.request; sys.stdout.write(urllib.request"
+            ".urlopen(\"http://\" + sys.argv[-1], timeout=10).read().decode())' \"$@\"; }" %
+            shell_quote(sys.executable),
+            "fi",
+        ])
+        try:
+            # The API examples first, as a reader of README.md runs them, with the replicator
+            # writing its lease to the shard store all along.
+            for command, fails in api_commands:
+                rc, out, err, _ = shell.run(self.localize(command))
+                what = "README API command:\n%s\nexit code %d\nstdout:\n%s\nstderr:\n%s" % (
+                    command, rc, out[-3000:], err[-3000:])
+                if fails is None:
+                    self.assertEqual(rc, 0, what)
+                else:
+                    code = grpcurl_lite.code_from_name(fails)
+                    self.assertEqual(rc, grpcurl_lite.STATUS_CODE_OFFSET + code.value[0], what)
+
+            for n, ((command, _), (piece, check, eventually)) in enumerate(
+                    zip(commands, REPLICATION_CHECKS)):
+                self.assertIn(piece, command, "README replication command %d is not the one "
+                              "REPLICATION_CHECKS expects" % (n + 1))
+                deadline = time.monotonic() + EVENTUALLY_TIMEOUT
+                while True:
+                    rc, out, err, base = shell.run(self.localize(command))
+                    try:
+                        check(self, rc, out, err)
+                        break
+                    except (AssertionError, KeyError, IndexError, ValueError) as e:
+                        if eventually and time.monotonic() < deadline:
+                            time.sleep(EVENTUALLY_INTERVAL)
+                            continue
+                        self.fail("README replication command %d (%s):\n%s\n%s: %s\n"
+                                  "exit code %d\nstdout:\n%s\nstderr:\n%s\nreplicator log:\n%s" % (
+                                      n + 1, base, command, type(e).__name__, e, rc,
+                                      out[-3000:], err[-3000:], self.replicator.log()))
+        finally:
+            shell.close()
+
+
 def shell_quote(s):
     return "'" + s.replace("'", "'\\''") + "'"
 
@@ -506,9 +855,13 @@ def main():
     parser.add_argument("--work-dir", required=True,
                         help="scratch directory (server data, logs, generated code)")
     parser.add_argument("--readme", default=README, help="the README.md with the API examples")
+    parser.add_argument("--replicator", help="the shard_replicator binary; without it, "
+                        "ReplicationExamplesTest does not run")
     parser.add_argument("tests", nargs="*", help="test names to run (default: all)")
     ARGS = parser.parse_args()
     ARGS.server = os.path.abspath(ARGS.server)
+    if ARGS.replicator:
+        ARGS.replicator = os.path.abspath(ARGS.replicator)
     # A fresh directory of this run's own inside the one given, kept only when a test fails.
     os.makedirs(ARGS.work_dir, exist_ok=True)
     ARGS.work_dir = tempfile.mkdtemp(prefix="run.", dir=os.path.abspath(ARGS.work_dir))
@@ -517,8 +870,10 @@ def main():
     if ARGS.tests:
         suite = loader.loadTestsFromNames(ARGS.tests, sys.modules[__name__])
     else:
-        suite = unittest.TestSuite([loader.loadTestsFromTestCase(ReflectionTest),
-                                    loader.loadTestsFromTestCase(ReadmeExamplesTest)])
+        cases = [ReflectionTest, ReadmeExamplesTest]
+        if ARGS.replicator:
+            cases.append(ReplicationExamplesTest)
+        suite = unittest.TestSuite([loader.loadTestsFromTestCase(c) for c in cases])
     runner = unittest.TextTestRunner(stream=sys.stdout, verbosity=2, resultclass=_CountingResult)
     passed, failed = 0, 1
     try:
@@ -526,7 +881,7 @@ def main():
         passed = result.passed
         failed = (len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses))
     finally:
-        for server in SERVERS:
+        for server in reversed(SERVERS):  # Replicators before the stores they use.
             try:
                 server.stop()
             except Exception as e:  # pylint: disable=broad-except
