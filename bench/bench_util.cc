@@ -42,6 +42,7 @@ LatencySummary Summarize(std::vector<int64_t>* samples_ns) {
     return static_cast<double>((*samples_ns)[k]) / 1e6;
   };
   s.p50_ms = rank(0.50);
+  s.p90_ms = rank(0.90);
   s.p99_ms = rank(0.99);
   s.max_ms = static_cast<double>(*std::max_element(samples_ns->begin(), samples_ns->end())) / 1e6;
   return s;
@@ -181,6 +182,10 @@ v1::GroupVersionResource BenchResource() {
   return r;
 }
 
+std::string BenchObjectName(const std::string& run, int client, int64_t seq) {
+  return absl::StrCat("w-", run, "-", client, "-", seq);
+}
+
 v1::CreateRequest MakeCreateRequest(const std::string& run, int client, int64_t seq,
                                     int64_t sent_ns) {
   v1::CreateRequest req;
@@ -188,7 +193,7 @@ v1::CreateRequest MakeCreateRequest(const std::string& run, int client, int64_t 
   v1::ObjectMeta* m = req.mutable_object()->mutable_metadata();
   m->set_cluster("bench");
   m->set_namespace_("default");
-  m->set_name(absl::StrCat("w-", run, "-", client, "-", seq));
+  m->set_name(BenchObjectName(run, client, seq));
   (*m->mutable_labels())["app.kubernetes.io/name"] = "store-bench";
   (*m->mutable_labels())["tier"] = "backend";
   (*m->mutable_labels())["client"] = absl::StrCat("c", client);

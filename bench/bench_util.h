@@ -26,6 +26,7 @@ int64_t NowNanos();
 struct LatencySummary {
   int64_t count = 0;
   double p50_ms = 0;
+  double p90_ms = 0;
   double p99_ms = 0;
   double max_ms = 0;
 };
@@ -67,6 +68,10 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, int index)
 
 // The resource every benchmark object belongs to (the cache role serves any resource).
 v1::GroupVersionResource BenchResource();
+
+// The name MakeCreateRequest gives the object of `run`, `client` and `seq`:
+// "w-<run>-<client>-<seq>".
+std::string BenchObjectName(const std::string& run, int client, int64_t seq);
 
 // A Create request for a small (about 300 bytes) object named after `run`, `client` and `seq`,
 // whose spec carries `run`, `seq` and `sent_ns` (the sender's NowNanos()) so that a watcher can

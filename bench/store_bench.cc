@@ -10,6 +10,11 @@
 //   --mode=startup: fills a server with --objects objects, stops it with SIGTERM, restarts it on
 //     the same data directory and reports how long start-up took, the server's own "loaded ..."
 //     log line, its memory after start-up, and the data directory's size.
+//   --mode=replication: starts a cache, shard "a"'s store and one shard_replicator, replicates
+//     the objects of one ClusterCachedResource, and writes --objects objects into the shard
+//     store, then updates and deletes them all; reports end-to-end throughput and per-object
+//     replication lag (local write answered -> event on a cache watch), checks that every copy
+//     arrived, and reports the replicator's CPU and memory (see bench/replication_load.h).
 //
 // The tool starts its own cache_server on loopback ports (the one in the build tree unless
 // --server names another), with its data in a fresh temporary directory per server (removed when
@@ -43,6 +48,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "bench/bench_util.h"
+#include "bench/replication_load.h"
 #include "bench/sync_load.h"
 #include "bench/watch_load.h"
 #include "bench/write_load.h"
@@ -52,7 +58,8 @@
 
 ABSL_FLAG(std::string, mode, "write",
           "write: write throughput and latency; watch: fan-out; fsync: the disk's syncs per "
-          "second; startup: restart time with --objects objects");
+          "second; startup: restart time with --objects objects; replication: shard_replicator's "
+          "throughput and lag");
 ABSL_FLAG(std::string, target, "",
           "host:port of a running server to load; empty: start a cache_server on loopback");
 ABSL_FLAG(std::string, server, "", "the cache_server binary to start (default: the build tree's)");
@@ -83,11 +90,13 @@ ABSL_FLAG(absl::Duration, warmup, absl::Seconds(1),
 ABSL_FLAG(int, watchers, 1000, "--mode=watch: concurrent Watch streams");
 ABSL_FLAG(std::string, write_rate, "200/s", "--mode=watch: creates per second, e.g. 200/s");
 ABSL_FLAG(absl::Duration, setup_timeout, absl::Seconds(60),
-          "--mode=watch: how long the watchers may take to receive their initial bookmark");
+          "--mode=watch: how long the watchers may take to receive their initial bookmark; "
+          "--mode=replication: bound on each setup step (replicator ready and leading, CCR Ready)");
 ABSL_FLAG(absl::Duration, idle, absl::Seconds(2),
           "--mode=watch: how long the watchers stay idle before the idle reading");
-ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
-          "--mode=watch: after the last write, how long the watchers may take to catch up");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::ZeroDuration(),
+          "--mode=watch and replication: after the last write is answered, how long the watchers "
+          "(the copies) may take to arrive (0: 30s for watch, 5m for replication)");
 ABSL_FLAG(int, max_outstanding_writes, 1000, "--mode=watch: unanswered creates at most");
 // --mode=fsync
 ABSL_FLAG(std::string, fsync_dir, "",
@@ -95,22 +104,34 @@ ABSL_FLAG(std::string, fsync_dir, "",
           "same filesystem as the servers' data directories here)");
 ABSL_FLAG(int64_t, fsync_block_bytes, 4096, "--mode=fsync: bytes written before each sync");
 // --mode=startup
-ABSL_FLAG(int64_t, objects, 1000000, "--mode=startup: objects to fill the server with");
+ABSL_FLAG(int64_t, objects, 0,
+          "--mode=startup: objects to fill the server with (0: 1000000); --mode=replication: "
+          "objects written in each pass (0: 10000)");
 ABSL_FLAG(int64_t, object_bytes, 1024,
-          "--mode=startup: size of each object as sent (serialized), padded with random text");
-ABSL_FLAG(int, fill_streams, 4, "--mode=startup: Write streams that fill the server");
-ABSL_FLAG(int, fill_window, 256, "--mode=startup: writes in flight per fill stream");
+          "--mode=startup and replication: size of each object as sent (serialized), padded with "
+          "random text");
+ABSL_FLAG(int, fill_streams, 4,
+          "--mode=startup and replication: Write streams that write the objects");
+ABSL_FLAG(int, fill_window, 256, "--mode=startup and replication: writes in flight per stream");
 ABSL_FLAG(absl::Duration, fill_timeout, absl::Minutes(30),
-          "--mode=startup: how long the fill may take at most");
+          "--mode=startup and replication: how long the writes (of each pass) may take at most");
 ABSL_FLAG(absl::Duration, start_timeout, absl::Minutes(5),
-          "--mode=startup: how long the server may take to start (write its port file)");
+          "--mode=startup and replication: how long each process may take to start (write its "
+          "port file)");
 ABSL_FLAG(int, restarts, 1, "--mode=startup: how many times to stop and restart the server");
+// --mode=replication
+ABSL_FLAG(std::string, replicator, "",
+          "--mode=replication: the shard_replicator binary (default: the build tree's)");
+ABSL_FLAG(std::string, replicator_args, "",
+          "--mode=replication: extra flags for shard_replicator, separated by spaces (after the "
+          "tool's own, so they win), e.g. --replicator-args=\"--workers=8\"; --server-args go "
+          "to both stores");
 
 namespace shardcache::bench {
 namespace {
 
 struct Options {
-  enum class Mode { kWrite, kWatch, kFsync, kStartup };
+  enum class Mode { kWrite, kWatch, kFsync, kStartup, kReplication };
   Mode mode = Mode::kWrite;
   // host:port to load; empty: start `server` on loopback.
   std::string target;
@@ -149,6 +170,8 @@ struct Options {
     int restarts = 1;
   };
   Startup startup;
+  // Replication mode: binaries, flags, sizes and bounds (run_id is set per run).
+  ReplicationLoadOptions replication;
 };
 
 // Splits --server-args into flags: at spaces, and at commas that start another flag (the older
@@ -179,9 +202,11 @@ absl::StatusOr<Options> OptionsFromFlags() {
     o.mode = Options::Mode::kFsync;
   } else if (mode == "startup") {
     o.mode = Options::Mode::kStartup;
+  } else if (mode == "replication") {
+    o.mode = Options::Mode::kReplication;
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("--mode: \"", mode, "\" (want write, watch, fsync or startup)"));
+        absl::StrCat("--mode: \"", mode, "\" (want write, watch, fsync, startup or replication)"));
   }
   o.target = absl::GetFlag(FLAGS_target);
   o.server = absl::GetFlag(FLAGS_server);
@@ -241,7 +266,11 @@ absl::StatusOr<Options> OptionsFromFlags() {
   o.watch.duration = duration == absl::ZeroDuration() ? absl::Seconds(20) : duration;
   o.watch.setup_timeout = absl::GetFlag(FLAGS_setup_timeout);
   o.watch.idle = absl::GetFlag(FLAGS_idle);
-  o.watch.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  absl::Duration drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  if (drain_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--drain-timeout: must not be negative");
+  }
+  o.watch.drain_timeout = drain_timeout == absl::ZeroDuration() ? absl::Seconds(30) : drain_timeout;
   o.watch.rpc_timeout = rpc_timeout;
   o.watch.max_outstanding_writes = absl::GetFlag(FLAGS_max_outstanding_writes);
   if (o.watch.max_outstanding_writes < 1) {
@@ -256,7 +285,8 @@ absl::StatusOr<Options> OptionsFromFlags() {
   }
   o.sync.duration = duration == absl::ZeroDuration() ? absl::Seconds(10) : duration;
 
-  o.startup.objects = absl::GetFlag(FLAGS_objects);
+  int64_t objects = absl::GetFlag(FLAGS_objects);
+  o.startup.objects = objects == 0 ? 1000000 : objects;
   if (o.startup.objects < 1 || o.startup.objects > 100000000) {
     return absl::InvalidArgumentError("--objects: must be from 1 to 100000000");
   }
@@ -279,9 +309,27 @@ absl::StatusOr<Options> OptionsFromFlags() {
   if (o.startup.restarts < 1 || o.startup.restarts > 100) {
     return absl::InvalidArgumentError("--restarts: must be from 1 to 100");
   }
-  if (!o.target.empty() && o.mode == Options::Mode::kStartup) {
-    return absl::InvalidArgumentError("--mode=startup starts its own server: no --target");
+  if (!o.target.empty() &&
+      (o.mode == Options::Mode::kStartup || o.mode == Options::Mode::kReplication)) {
+    return absl::InvalidArgumentError(
+        "--mode=startup and --mode=replication start their own servers: no --target");
   }
+
+  ReplicationLoadOptions& r = o.replication;
+  r.cache_server = o.server;
+  r.replicator = absl::GetFlag(FLAGS_replicator);
+  if (r.replicator.empty()) r.replicator = testing::BinaryPath("shard_replicator/shard_replicator");
+  r.server_args = o.server_args;
+  r.replicator_args = SplitServerArgs(absl::GetFlag(FLAGS_replicator_args));
+  r.objects = objects == 0 ? 10000 : o.startup.objects;
+  r.object_bytes = o.startup.object_bytes;
+  r.streams = o.startup.fill_streams;
+  r.window = o.startup.fill_window;
+  r.start_timeout = o.startup.start_timeout;
+  r.setup_timeout = o.watch.setup_timeout;
+  r.write_timeout = o.startup.fill_timeout;
+  r.drain_timeout = drain_timeout == absl::ZeroDuration() ? absl::Minutes(5) : drain_timeout;
+  r.rpc_timeout = rpc_timeout;
   return o;
 }
 
@@ -378,6 +426,15 @@ std::vector<std::shared_ptr<grpc::Channel>> Channels(const std::string& address,
 
 std::string ServerDescription(const Options& o) {
   if (o.mode == Options::Mode::kFsync) return "none (--mode=fsync measures the disk alone)";
+  if (o.mode == Options::Mode::kReplication) {
+    return absl::StrCat(o.server, " --role=cache and --role=shard",
+                        o.server_args.empty() ? "" : " ", absl::StrJoin(o.server_args, " "),
+                        ", and ", o.replication.replicator,
+                        o.replication.replicator_args.empty() ? "" : " ",
+                        absl::StrJoin(o.replication.replicator_args, " "),
+                        ", on 127.0.0.1, started by the tool, each store with --data-dir in a "
+                        "fresh temporary directory (removed when it stops)");
+  }
   if (!o.target.empty()) return absl::StrCat("--target=", o.target);
   return absl::StrCat(
       o.server, o.server_args.empty() ? "" : " ", absl::StrJoin(o.server_args, " "),
@@ -785,6 +842,145 @@ int RunStartup(const Options& options) {
   return all_ok ? 0 : 1;
 }
 
+std::string ProcCells(const ProcStats& p) {
+  return p.ok ? absl::StrCat(p.threads, ", ", FormatMiB(p.rss_kb, true), " MiB, ",
+                             FormatMiB(p.hwm_kb, true), " MiB")
+              : std::string("n/a");
+}
+
+std::string MetricCell(double v) { return v < 0 ? "n/a" : absl::StrFormat("%.0f", v); }
+
+int RunReplication(Options options) {
+  ReplicationLoadOptions& o = options.replication;
+  o.run_id = NewRunId();
+  std::string load_before = LoadAverage();
+  ReplicationLoadResult r = RunReplicationLoad(o);
+  std::cout << "## Replication: " << o.objects << " objects, " << o.streams
+            << " Write streams into the shard store, window " << o.window << "\n\n";
+  if (!r.setup_error.empty()) {
+    std::cout << "**SETUP FAILED**: " << r.setup_error << "\n";
+    std::cerr << r.logs;
+    return 2;
+  }
+  std::cout
+      << "Each pass writes every object once into shard \"a\"'s store (create, then update, then "
+         "delete); one shard_replicator copies them to the cache. Lag: from an object's local "
+         "write answered (OK) to its event on a Watch of the cache (shard \"a\", cluster "
+         "\"root\"), matched by name. End-to-end: objects divided by the time from the first "
+         "local write sent to the last event. Copies/s after the last answer: the events that "
+         "arrived after the last local write was answered, divided by that time (the drain). "
+         "CPU: cores averaged from the first write to the last event. The check lists the "
+         "cache's copies against the shard store's objects after each pass.\n\n"
+      << "| setup | value |\n|---|---|\n"
+      << absl::StrFormat("| object size as sent (serialized) | %d bytes |\n", r.object_bytes_sent)
+      << absl::StrFormat("| replicator start to /readyz 200 | %.2f s |\n", r.ready_seconds)
+      << absl::StrFormat("| replicator start to leading | %.2f s |\n", r.leading_seconds)
+      << absl::StrFormat("| CCR created to phase Ready | %.2f s |\n", r.ccr_ready_seconds)
+      << "| replicator before the load: threads, VmRSS, VmHWM | " << ProcCells(r.replicator_idle)
+      << " |\n\n"
+      << "| pass | event | local writes OK / errors | local writes/s | local write p50 / p99 / "
+         "max ms | copies seen / written | end-to-end objects/s | first write to last event | "
+         "last answer to last event | copies/s after the last answer | lag p50 ms | lag p90 ms | "
+         "lag p99 ms | lag max ms | "
+         "duplicate / other events | CPU replicator / shard / cache / tool (cores) | busiest "
+         "replicator thread (cores) | replicator upserts / deletes / failed writes | "
+         "replicator's own lag metric, mean ms | replicator VmRSS after, MiB | load avg (1m) "
+         "|\n"
+      << "|---|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|---:|"
+         "---:|---:|\n";
+  std::vector<std::string> problems;
+  for (const ReplicationPass& p : r.passes) {
+    std::cout
+        << absl::StrFormat(
+               "| %s | %s | %d / %d | %.0f | %s / %s / %s | %d / %d | %.0f | %.2f s | %.2f s | %s "
+               "| %s "
+               "| %s | %s | %s | %d / %d | %.2f / %.2f / %.2f / %.2f | %s | %s / %s / %s | %s | %s "
+               "| %s |\n",
+               p.name, p.event, p.writes_ok, p.write_errors,
+               p.write_seconds > 0 ? static_cast<double>(p.writes_ok) / p.write_seconds : 0.0,
+               FormatMs(p.write_latency.p50_ms, p.write_latency.count),
+               FormatMs(p.write_latency.p99_ms, p.write_latency.count),
+               FormatMs(p.write_latency.max_ms, p.write_latency.count), p.events_seen, p.writes_ok,
+               p.end_to_end_seconds > 0 ? static_cast<double>(p.events_seen) / p.end_to_end_seconds
+                                        : 0.0,
+               p.end_to_end_seconds, p.drain_seconds,
+               p.drain_seconds > 0
+                   ? absl::StrFormat("%.0f", static_cast<double>(p.drain_events) / p.drain_seconds)
+                   : std::string("n/a"),
+               FormatMs(p.lag.p50_ms, p.lag.count), FormatMs(p.lag.p90_ms, p.lag.count),
+               FormatMs(p.lag.p99_ms, p.lag.count), FormatMs(p.lag.max_ms, p.lag.count),
+               p.duplicates, p.other_events, p.replicator_cores, p.shard_cores, p.cache_cores,
+               p.bench_cores,
+               absl::StrFormat("%.2f (%s)", p.replicator_busiest.cores,
+                               p.replicator_busiest.name.empty() ? "a thread that has exited"
+                                                                 : p.replicator_busiest.name),
+               MetricCell(p.replicator_upserts), MetricCell(p.replicator_deletes),
+               MetricCell(p.replicator_write_errors),
+               p.replicator_lag_mean_ms < 0 ? std::string("n/a")
+                                            : absl::StrFormat("%.1f", p.replicator_lag_mean_ms),
+               FormatMiB(p.replicator_after.rss_kb, p.replicator_after.ok), LoadAverage())
+        << std::flush;
+    if (!p.complete) {
+      problems.push_back(
+          absl::StrCat("pass ", p.name, ": only ", p.events_seen, " of the ", o.objects,
+                       " objects got their ", p.event, " event on the cache watch (", p.writes_ok,
+                       " local writes answered OK) within --drain-timeout after the last answer"));
+    }
+    if (p.write_errors > 0) {
+      problems.push_back(absl::StrCat("pass ", p.name, ": ", p.write_errors,
+                                      " local writes failed: ", ErrorList(p.error_samples)));
+    }
+  }
+  std::cout << "\n| after pass | objects in the shard store | copies in the cache | in sync "
+               "(original-resource-version = local resourceVersion) | missing | stale | extra "
+               "|\n|---|---:|---:|---:|---:|---:|---:|\n";
+  for (const ReplicationPass& p : r.passes) {
+    const SyncCheck& c = p.check;
+    if (!c.ok) {
+      std::cout << "| " << p.name << " | n/a | n/a | n/a | n/a | n/a | n/a |\n";
+      problems.push_back(absl::StrCat("pass ", p.name, ": the check failed: ", c.error));
+      continue;
+    }
+    std::cout << absl::StrFormat("| %s | %d | %d | %d | %d | %d | %d |\n", p.name, c.local,
+                                 c.copies, c.in_sync, c.missing, c.stale, c.extra);
+    if (c.missing + c.stale + c.extra > 0) {
+      problems.push_back(absl::StrCat("pass ", p.name, ": the cache is not in sync: ", c.missing,
+                                      " copies missing, ", c.stale, " stale, ", c.extra, " extra"));
+    }
+  }
+  if (!r.watch_error.empty()) problems.push_back(r.watch_error);
+  if (r.passes.size() < 3) problems.push_back("passes after an incomplete one were not run");
+  if (r.replicator_exit != 0) {
+    problems.push_back(
+        absl::StrCat("shard_replicator on SIGTERM: ", ExitDescription(r.replicator_exit)));
+  }
+  std::cout << "\n| process after the load | threads, VmRSS, VmHWM |\n|---|---|\n"
+            << "| shard_replicator | " << ProcCells(r.replicator_end) << " |\n"
+            << "| shard store | " << ProcCells(r.shard_end) << " |\n"
+            << "| cache | " << ProcCells(r.cache_end) << " |\n\n"
+            << "Watch events for objects not of this run: " << r.foreign_events
+            << ". shard_replicator on SIGTERM: " << ExitDescription(r.replicator_exit)
+            << ". Load average (1m) before / after: " << load_before << " / " << LoadAverage()
+            << ".\n\n";
+  std::cout << "shard_replicator's failed cache writes over the run, by code: ";
+  if (r.replicator_errors_by_code.empty()) std::cout << "none";
+  for (const auto& [labels, count] : r.replicator_errors_by_code) {
+    std::cout << "`" << labels << "` " << count << "; ";
+  }
+  std::cout << "\n\nshard_replicator's log: " << r.replicator_warning_count
+            << " lines with \"warn\" or \"error\""
+            << (r.replicator_warnings.empty() ? "." : ", the first:") << "\n\n";
+  for (const std::string& line : r.replicator_warnings) std::cout << "    " << line << "\n";
+  if (!r.replicator_warnings.empty()) std::cout << "\n";
+  bool verified = r.Verified();
+  std::cout << "Verified (every object's copy arrived in every pass, the cache matched the shard "
+               "store after each, the replicator exited 0): "
+            << (verified ? "yes" : "**NO**") << "\n";
+  for (const std::string& p : problems) std::cout << "\n**MISMATCH**: " << p << "\n";
+  if (!verified) std::cerr << r.logs;
+  return verified ? 0 : 1;
+}
+
 }  // namespace
 }  // namespace shardcache::bench
 
@@ -794,7 +990,8 @@ int main(int argc, char** argv) {
       "  store_bench --mode=write --clients=1,16,64 --duration=10s [--api=stream --window=64]\n"
       "  store_bench --mode=watch --watchers=1000 --write-rate=200/s --duration=20s\n"
       "  store_bench --mode=fsync --duration=10s [--fsync-dir=DIR]\n"
-      "  store_bench --mode=startup --objects=1000000 --object-bytes=1024\n\n"
+      "  store_bench --mode=startup --objects=1000000 --object-bytes=1024\n"
+      "  store_bench --mode=replication --objects=10000 --object-bytes=1024\n\n"
       "Without --target it starts a cache_server on 127.0.0.1 itself, with its data in a fresh\n"
       "temporary directory; --server-args=\"--sync=false ...\" passes flags to it.");
   // Debian builds Abseil without NDEBUG, which leaves absl::Mutex's deadlock detection on: every
@@ -821,6 +1018,8 @@ int main(int argc, char** argv) {
       return shardcache::bench::RunFsync(*options);
     case shardcache::bench::Options::Mode::kStartup:
       return shardcache::bench::RunStartup(*options);
+    case shardcache::bench::Options::Mode::kReplication:
+      return shardcache::bench::RunReplication(*std::move(options));
   }
   return 2;
 }

@@ -24,22 +24,52 @@ struct Shared {
   bool Measured(int64_t now_ns) const {
     return now_ns >= measure_start_ns.load() && now_ns < measure_end_ns.load();
   }
-  // Claims the right to send one more write; false once the run is stopping or, with
-  // total_writes, every write has been claimed.
-  bool ClaimWrite() {
+  // Claims the right to send one more write, and its index in the run; false once the run is
+  // stopping or, with total_writes, every write has been claimed.
+  bool ClaimWrite(int64_t* index) {
     if (stop.load()) return false;
     int64_t n = sent.fetch_add(1);
     if (options.total_writes > 0 && n >= options.total_writes) {
       sent.fetch_sub(1);
       return false;
     }
+    *index = n;
     return true;
   }
-  // The request for write `seq` of client `client`, stamped with the current time.
-  v1::CreateRequest MakeRequest(int client, int64_t seq) const {
-    v1::CreateRequest request = MakeCreateRequest(options.run_id, client, seq, NowNanos());
-    if (options.object_bytes > 0) PadObject(&request, options.object_bytes);
+  // The create for write `seq` of client `client` (write `index` of the run), stamped with the
+  // current time.
+  v1::CreateRequest MakeRequest(int client, int64_t seq, int64_t index) const {
+    v1::CreateRequest request = options.name_by_index
+                                    ? MakeCreateRequest(options.run_id, 0, index, NowNanos())
+                                    : MakeCreateRequest(options.run_id, client, seq, NowNanos());
+    if (!options.cluster.empty())
+      request.mutable_object()->mutable_metadata()->set_cluster(options.cluster);
+    if (options.object_bytes > 0 && options.operation != WriteLoadOptions::Operation::kDelete) {
+      PadObject(&request, options.object_bytes);
+    }
     return request;
+  }
+  // The same as a Write stream operation (options.operation).
+  void MakeWrite(int client, int64_t seq, int64_t index, v1::WriteRequest* write) const {
+    v1::CreateRequest create = MakeRequest(client, seq, index);
+    switch (options.operation) {
+      case WriteLoadOptions::Operation::kCreate:
+        *write->mutable_create() = std::move(create);
+        break;
+      case WriteLoadOptions::Operation::kUpdate:
+        write->mutable_update()->mutable_resource()->Swap(create.mutable_resource());
+        write->mutable_update()->mutable_object()->Swap(create.mutable_object());
+        break;
+      case WriteLoadOptions::Operation::kDelete: {
+        v1::DeleteRequest* d = write->mutable_delete_();
+        const v1::ObjectMeta& m = create.object().metadata();
+        *d->mutable_resource() = create.resource();
+        d->set_cluster(m.cluster());
+        d->set_namespace_(m.namespace_());
+        d->set_name(m.name());
+        break;
+      }
+    }
   }
   void ClientDone() {
     absl::MutexLock l(&mu);
@@ -65,7 +95,9 @@ class ClientStats {
   explicit ClientStats(Shared* shared) : shared_(shared) {}
   virtual ~ClientStats() = default;
 
-  void Record(int64_t sent_ns, int64_t now_ns, int code, const std::string& message) {
+  void Record(int64_t index, int64_t sent_ns, int64_t now_ns, int code,
+              const std::string& message) {
+    if (shared_->options.on_answer) shared_->options.on_answer(index, now_ns, code);
     shared_->answered.fetch_add(1);
     if (!shared_->Measured(now_ns)) return;
     absl::MutexLock l(&mu_);
@@ -121,24 +153,28 @@ class UnaryClient : public ClientStats {
     grpc::ClientContext ctx;
     v1::CreateRequest request;
     v1::Object response;
+    int64_t index = 0;
     int64_t sent_ns = 0;
   };
 
   void Next() {
-    if (!shared_->ClaimWrite()) {
+    int64_t index = 0;
+    if (!shared_->ClaimWrite(&index)) {
       shared_->ClientDone();
       return;
     }
     auto* call = new Call;
-    call->request = shared_->MakeRequest(index_, seq_++);
+    call->index = index;
+    call->request = shared_->MakeRequest(index_, seq_++, index);
     call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + shared_->options.rpc_timeout));
     call->sent_ns = NowNanos();
-    stub_->async()->Create(
-        &call->ctx, &call->request, &call->response, [this, call](grpc::Status status) {
-          Record(call->sent_ns, NowNanos(), status.error_code(), status.error_message());
-          delete call;
-          Next();
-        });
+    stub_->async()->Create(&call->ctx, &call->request, &call->response,
+                           [this, call](grpc::Status status) {
+                             Record(call->index, call->sent_ns, NowNanos(), status.error_code(),
+                                    status.error_message());
+                             delete call;
+                             Next();
+                           });
   }
 
   v1::Store::Stub* const stub_;
@@ -146,7 +182,7 @@ class UnaryClient : public ClientStats {
   int64_t seq_ = 0;  // only touched by the one call chain
 };
 
-// One Write stream with up to `window` creates unanswered. Answers come in order, so the send
+// One Write stream with up to `window` writes unanswered. Answers come in order, so the send
 // times wait in a FIFO. One write and one read are in flight at most, as gRPC requires.
 class StreamClient : public ClientStats,
                      public grpc::ClientBidiReactor<v1::WriteRequest, v1::WriteResponse> {
@@ -191,7 +227,7 @@ class StreamClient : public ClientStats,
       RecordFailure(grpc::StatusCode::INTERNAL,
                     absl::StrCat("store_bench: answer ", response_.id(), " came for write ", id));
     } else {
-      Record(sent, now, response_.code(), response_.message());
+      Record(id, sent, now, response_.code(), response_.message());
     }
     StartRead(&response_);
     Act(Decide());
@@ -217,16 +253,17 @@ class StreamClient : public ClientStats,
     if (!sending_done_ && static_cast<int>(sent_ns_.size()) >= shared_->options.window) {
       return Action::kNone;
     }
-    if (sending_done_ || !shared_->ClaimWrite()) {
+    int64_t index = 0;
+    if (sending_done_ || !shared_->ClaimWrite(&index)) {
       sending_done_ = true;
       if (!sent_ns_.empty()) return Action::kNone;  // the last answers are on their way
       writes_done_ = true;
       return Action::kWritesDone;
     }
     request_.Clear();
-    request_.set_id(seq_);
-    *request_.mutable_create() = shared_->MakeRequest(index_, seq_);
-    sent_ns_.emplace_back(seq_, NowNanos());
+    request_.set_id(index);
+    shared_->MakeWrite(index_, seq_, index, &request_);
+    sent_ns_.emplace_back(index, NowNanos());
     ++seq_;
     writing_ = true;
     return Action::kWrite;
@@ -244,7 +281,7 @@ class StreamClient : public ClientStats,
 
   absl::Mutex stream_mu_;
   v1::WriteRequest request_;  // written under stream_mu_, then read by gRPC while writing_
-  // (id, send time) of each write sent and not yet answered, oldest first.
+  // (id = index in the run, send time) of each write sent and not yet answered, oldest first.
   std::deque<std::pair<int64_t, int64_t>> sent_ns_ ABSL_GUARDED_BY(stream_mu_);
   int64_t seq_ ABSL_GUARDED_BY(stream_mu_) = 0;
   bool writing_ ABSL_GUARDED_BY(stream_mu_) = false;

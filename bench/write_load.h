@@ -4,8 +4,9 @@
 // Each client keeps its writes going without a thread of its own (gRPC's callback client API):
 // with kUnary, one Create call in flight at a time, the next sent when the previous answers; with
 // kStream, one Write stream with up to `window` creates sent but not yet answered. Every write
-// creates a new ~300-byte object (see MakeCreateRequest), or one padded to `object_bytes`. Writes
-// that complete during the warm-up are not counted.
+// creates a new ~300-byte object (see MakeCreateRequest), or one padded to `object_bytes` (or,
+// with `operation`, updates or deletes one). Writes that complete during the warm-up are not
+// counted.
 //
 // With `total_writes`, the clients send exactly that many writes between them and the run ends
 // when all are answered (or `duration` passes): a fill of the store, e.g. before a restart.
@@ -17,6 +18,7 @@
 #include <grpcpp/grpcpp.h>
 #include <sys/types.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -46,6 +48,21 @@ struct WriteLoadOptions {
   int64_t total_writes = 0;
   // If positive: pad each object to about this many bytes (serialized, as sent; see PadObject).
   int64_t object_bytes = 0;
+  // What each write does: create a new object; update one (unconditionally: no resourceVersion
+  // given), with a new send time and new padding in its spec; or delete one. Updates and deletes
+  // need Api::kStream, and name_by_index so that they find what an earlier create run (with the
+  // same run_id) made.
+  enum class Operation { kCreate, kUpdate, kDelete };
+  Operation operation = Operation::kCreate;
+  // Name each object after its write's index in the run (BenchObjectName(run_id, 0, index);
+  // indexes run from 0 in the order writes are claimed, over all clients) rather than after its
+  // client and that client's sequence number.
+  bool name_by_index = false;
+  // If set: the objects' logical cluster (else MakeCreateRequest's).
+  std::string cluster;
+  // If set: called once per answered write with its index in the run, when the answer came
+  // (NowNanos) and its gRPC code. Runs on gRPC's threads: must be quick and thread-safe.
+  std::function<void(int64_t index, int64_t answered_ns, int code)> on_answer;
   // Deadline of each unary call; a Write stream's deadline is the whole run plus this.
   absl::Duration rpc_timeout = absl::Seconds(10);
   // Names the run's objects, so that runs never collide.
