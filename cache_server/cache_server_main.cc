@@ -26,6 +26,7 @@
 #include "common/flags.h"
 #include "common/http_server.h"
 #include "common/logging.h"
+#include "common/port_file.h"
 #include "common/signals.h"
 
 ABSL_FLAG(std::string, role, "cache",
@@ -120,19 +121,6 @@ absl::StatusOr<Config> ConfigFromFlags() {
   return c;
 }
 
-absl::Status WritePortFile(const std::string& path, int grpc_port, int http_port) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << "grpc_port=" << grpc_port << "\nhttp_port=" << http_port << "\n";
-    if (!out.good()) return absl::UnavailableError(absl::StrCat("--port-file: cannot write ", tmp));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::UnavailableError(absl::StrCat("--port-file: cannot rename ", tmp, " to ", path));
-  }
-  return absl::OkStatus();
-}
-
 int Refuse(const absl::Status& status) {
   std::fprintf(stderr, "cache_server: refusing to start: %s\n",
                std::string(status.message()).c_str());
@@ -182,7 +170,8 @@ int Run(Config config, const std::string& role_name) {
     return Refuse(http_port.status());
   }
   if (!config.port_file.empty()) {
-    absl::Status written = WritePortFile(config.port_file, grpc_port, *http_port);
+    absl::Status written =
+        WritePortFile(config.port_file, {{"grpc_port", grpc_port}, {"http_port", *http_port}});
     if (!written.ok()) {
       server->Shutdown();
       return Refuse(written);

@@ -17,6 +17,7 @@
 #include "common/flags.h"
 #include "common/http_server.h"
 #include "common/logging.h"
+#include "common/port_file.h"
 #include "common/signals.h"
 #include "shard_replicator/replicator.h"
 
@@ -67,19 +68,6 @@ std::string DefaultIdentity() {
   return absl::StrCat(host, "-", suffix);
 }
 
-absl::Status WritePortFile(const std::string& path, int http_port) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << "http_port=" << http_port << "\n";
-    if (!out.good()) return absl::UnavailableError(absl::StrCat("--port-file: cannot write ", tmp));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::UnavailableError(absl::StrCat("--port-file: cannot rename ", tmp, " to ", path));
-  }
-  return absl::OkStatus();
-}
-
 int Run() {
   ShardReplicator::Options options;
   options.shard = absl::GetFlag(FLAGS_shard);
@@ -121,7 +109,7 @@ int Run() {
   if (!http_port.ok()) return Refuse(http_port.status());
   std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty()) {
-    absl::Status written = WritePortFile(port_file, *http_port);
+    absl::Status written = WritePortFile(port_file, {{"http_port", *http_port}});
     if (!written.ok()) return Refuse(written);
   }
   spdlog::info("serving http={} (port {}) workers={} resync_period={}", http_listen, *http_port,
