@@ -354,9 +354,10 @@ void LeaderElector::BeginTerm(int64_t epoch, absl::Time renewed) {
     token = std::make_unique<CancellationToken>(cancellation_->Token());
   }
   spdlog::info("{}: {} started leading (epoch {})", config_.lock->Describe(), identity_, epoch);
-  if (leading_gauge_ != nullptr) leading_gauge_->Set(1);
-  if (terms_counter_ != nullptr) terms_counter_->Increment();
   config_.callbacks.on_started_leading(LeadingContext{epoch, *token});
+  // After the callback, so that what it publishes (e.g. the epoch) is there when the gauge is 1.
+  if (terms_counter_ != nullptr) terms_counter_->Increment();
+  if (leading_gauge_ != nullptr) leading_gauge_->Set(1);
 }
 
 bool LeaderElector::EndTerm(uint64_t term, absl::string_view why) {
@@ -373,12 +374,13 @@ bool LeaderElector::EndTerm(uint64_t term, absl::string_view why) {
   }
   spdlog::warn("{}: {} stopped leading (epoch {}): {}", config_.lock->Describe(), identity_, epoch,
                std::string(why));
-  if (leading_gauge_ != nullptr) leading_gauge_->Set(0);
   cancellation->Cancel();
   {
     absl::MutexLock cl(&callback_mu_);
     config_.callbacks.on_stopped_leading();
   }
+  // Only now: whoever sees the gauge at 0 knows the term's work has stopped.
+  if (leading_gauge_ != nullptr) leading_gauge_->Set(0);
   absl::MutexLock l(&mu_);
   --stops_pending_;
   return true;

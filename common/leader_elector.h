@@ -149,7 +149,9 @@ class LeaderElector {
     LeaderCallbacks callbacks;
     // Where "now" comes from; not owned, must outlive the elector.
     const Clock* clock = RealClock::Get();
-    // Optional: exports shardcache_leader_election_leading (gauge, 1 while leading) and
+    // Optional: exports shardcache_leader_election_leading (gauge: 1 from the return of a term's
+    // on_started_leading until its on_stopped_leading has returned, so 0 means the term's work
+    // has stopped) and
     // shardcache_leader_election_terms_total (counter), labelled lease=<lock->Describe()>.
     std::shared_ptr<prometheus::Registry> registry;
   };

@@ -151,6 +151,7 @@ absl::Status ShardReplicator::Ready() const {
 void ShardReplicator::StartedLeading(LeadingContext context) {
   auto term = std::make_unique<Term>(std::move(context));
   Term* raw = term.get();
+  metrics_.epoch.Set(static_cast<double>(raw->epoch));
   absl::MutexLock l(&term_mu_);
   term_ = std::move(term);
   raw->starter = std::thread([this, raw] { RunTerm(raw); });
@@ -221,7 +222,6 @@ void ShardReplicator::RunTerm(Term* term) {
     return;
   }
   term->controller = *std::move(controller);
-  metrics_.epoch.Set(static_cast<double>(epoch));
 }
 
 void ShardReplicator::StoppedLeading() {
