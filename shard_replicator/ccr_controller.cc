@@ -503,6 +503,10 @@ CcrController::Next CcrController::ReconcileDeleting(const v1::Object& ccr,
   int64_t left = -1;
   if (shown) left = owner && spec.ok() ? Purge(spec->resource, cluster) : 0;
   state->cache_count = std::max<int64_t>(left, 0);
+  if (!shown && owner && spec.ok()) {
+    absl::StatusOr<std::shared_ptr<SharedInformer>> copies = CacheInformer(spec->resource, cluster);
+    if (copies.ok()) state->cache_count = static_cast<int64_t>((*copies)->store().Size());
+  }
   state->phase = left == 0 ? CcrState::Phase::kDeleted : CcrState::Phase::kDeleting;
   if (options_.metrics != nullptr) {
     options_.metrics->SetCacheObjects(cluster, name, state->cache_count);
