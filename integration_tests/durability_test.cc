@@ -16,7 +16,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -32,7 +31,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/grpc_status.h"
@@ -40,6 +38,7 @@
 #include "common/testing/status_matchers.h"
 #include "integration_tests/refuse_to_start.h"
 #include "integration_tests/store_fixture.h"
+#include "integration_tests/watch_reader.h"
 
 namespace shardcache::testing {
 namespace {
@@ -59,121 +58,6 @@ int64_t Rv(const v1::Object& o) {
   EXPECT_TRUE(absl::SimpleAtoi(o.metadata().resource_version(), &rv))
       << "resourceVersion \"" << o.metadata().resource_version() << "\" is not a number";
   return rv;
-}
-
-// "ADDED w1@7": what a test compares events by (type, name, resourceVersion).
-std::string Summary(const std::string& type, const std::string& name, int64_t rv) {
-  return absl::StrCat(type, " ", name, "@", rv);
-}
-std::string Summary(const v1::WatchEvent& e) {
-  if (e.type() == v1::WatchEvent::BOOKMARK) {
-    return absl::StrCat("BOOKMARK@", e.object().metadata().resource_version());
-  }
-  return absl::StrCat(v1::WatchEvent::Type_Name(e.type()), " ", e.object().metadata().name(), "@",
-                      e.object().metadata().resource_version());
-}
-
-// One Watch stream, read by its own thread into a queue so that the test can wait for events
-// with a timeout. The stream has a deadline, and is cancelled when the object goes away.
-class WatchStream {
- public:
-  WatchStream(v1::Store::Stub* stub, const v1::WatchRequest& request) {
-    ctx_.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(90)));
-    reader_ = stub->Watch(&ctx_, request);
-    thread_ = std::thread([this] { Run(); });
-  }
-  ~WatchStream() {
-    ctx_.TryCancel();
-    thread_.join();
-  }
-
-  // The next event, waiting up to `timeout`; nullopt if the stream ended first or on timeout.
-  std::optional<v1::WatchEvent> Next(absl::Duration timeout = kWait) {
-    absl::MutexLock l(&mu_);
-    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return !events_.empty() || status_.has_value();
-    };
-    mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
-    if (events_.empty()) return std::nullopt;
-    v1::WatchEvent e = std::move(events_.front());
-    events_.pop_front();
-    return e;
-  }
-
-  // Summaries of the next `n` events that are not BOOKMARKs (fewer if the stream ends or the
-  // time is up).
-  std::vector<std::string> Take(size_t n, absl::Duration timeout = kWait) {
-    std::vector<std::string> out;
-    absl::Time deadline = absl::Now() + timeout;
-    while (out.size() < n) {
-      auto e = Next(deadline - absl::Now());
-      if (!e.has_value()) break;
-      if (e->type() != v1::WatchEvent::BOOKMARK) out.push_back(Summary(*e));
-    }
-    return out;
-  }
-
-  // Reads up to the first BOOKMARK at or above `revision`, which says that the watch has seen
-  // every event up to it; fails if any other event comes first (a duplicate or an extra event).
-  ::testing::AssertionResult NothingMoreUpTo(int64_t revision, absl::Duration timeout = kWait) {
-    absl::Time deadline = absl::Now() + timeout;
-    while (true) {
-      auto e = Next(deadline - absl::Now());
-      if (!e.has_value()) {
-        auto s = WaitForEnd(absl::ZeroDuration());
-        return ::testing::AssertionFailure()
-               << "no bookmark at or above " << revision << " came "
-               << (s.has_value() ? absl::StrCat("(the stream ended: ", s->error_code(), " ",
-                                                s->error_message(), ")")
-                                 : "in time");
-      }
-      if (e->type() != v1::WatchEvent::BOOKMARK) {
-        return ::testing::AssertionFailure() << "an unexpected event: " << Summary(*e);
-      }
-      int64_t rv = 0;
-      if (absl::SimpleAtoi(e->object().metadata().resource_version(), &rv) && rv >= revision) {
-        return ::testing::AssertionSuccess();
-      }
-    }
-  }
-
-  // The stream's final status, waiting up to `timeout` for it; nullopt if still open.
-  std::optional<grpc::Status> WaitForEnd(absl::Duration timeout = kWait) {
-    absl::MutexLock l(&mu_);
-    auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return status_.has_value(); };
-    mu_.AwaitWithTimeout(absl::Condition(&ended), timeout);
-    return status_;
-  }
-
- private:
-  void Run() {
-    v1::WatchEvent e;
-    while (reader_->Read(&e)) {
-      absl::MutexLock l(&mu_);
-      events_.push_back(e);
-    }
-    grpc::Status s = reader_->Finish();
-    absl::MutexLock l(&mu_);
-    status_ = s;
-  }
-
-  grpc::ClientContext ctx_;
-  std::unique_ptr<grpc::ClientReader<v1::WatchEvent>> reader_;
-  absl::Mutex mu_;
-  std::deque<v1::WatchEvent> events_ ABSL_GUARDED_BY(mu_);
-  std::optional<grpc::Status> status_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;
-};
-
-v1::WatchRequest WatchReq(const v1::GroupVersionResource& gvr, const std::string& rv = "") {
-  v1::WatchRequest req;
-  *req.mutable_resource() = gvr;
-  req.set_resource_version(rv);
-  return req;
-}
-
-v1::WatchRequest WatchReq(const v1::GroupVersionResource& gvr, int64_t rv) {
-  return WatchReq(gvr, absl::StrCat(rv));
 }
 
 // A namespaced object with spec {"n": n}.
@@ -327,7 +211,7 @@ void DurabilityTest::WatchResumesAcrossRestart(int sig) {
   MustCreate(Obj("old"));
   int64_t last_seen = 0;
   {
-    auto w = std::make_unique<WatchStream>(stub_.get(), WatchReq(widgets_));
+    auto w = std::make_unique<WatchReader>(stub_.get(), WatchReq(widgets_));
     std::vector<std::string> want;
     want.push_back(Summary("ADDED", "a1", MustCreate(Obj("a1"))));
     want.push_back(Summary("ADDED", "a2", MustCreate(Obj("a2"))));
@@ -353,7 +237,7 @@ void DurabilityTest::WatchResumesAcrossRestart(int sig) {
   int64_t last = MustCreate(Obj("b2"));
   want.push_back(Summary("ADDED", "b2", last));
 
-  WatchStream resumed(stub_.get(), WatchReq(widgets_, last_seen));
+  WatchReader resumed(stub_.get(), WatchReq(widgets_, last_seen));
   EXPECT_EQ(resumed.Take(want.size()), want);
   EXPECT_TRUE(resumed.NothingMoreUpTo(last));
   auto ended = resumed.WaitForEnd(absl::ZeroDuration());
@@ -376,7 +260,7 @@ void DurabilityTest::UnreadEventsSurviveRestart(int sig) {
   {
     // The watch outlives the server it was connected to: keep its channel until it is gone.
     std::shared_ptr<grpc::Channel> old_channel = channel_;
-    WatchStream w(stub_.get(), WatchReq(widgets_));
+    WatchReader w(stub_.get(), WatchReq(widgets_));
     std::vector<std::string> seen;
     seen.push_back(Summary("ADDED", "a1", MustCreate(Obj("a1"))));
     last_seen = MustCreate(Obj("a2"));
@@ -394,7 +278,7 @@ void DurabilityTest::UnreadEventsSurviveRestart(int sig) {
   int64_t last = MustUpdate(Obj("a1", 2));
   want.push_back(Summary("MODIFIED", "a1", last));
 
-  WatchStream resumed(stub_.get(), WatchReq(widgets_, last_seen));
+  WatchReader resumed(stub_.get(), WatchReq(widgets_, last_seen));
   EXPECT_EQ(resumed.Take(want.size()), want);
   EXPECT_TRUE(resumed.NothingMoreUpTo(last));
   auto ended = resumed.WaitForEnd(absl::ZeroDuration());
@@ -455,14 +339,14 @@ TEST_F(DurabilityTest, HistoryByCount_CompactionSurvivesRestart) {
   Restart(SIGTERM);
   if (HasFatalFailure()) return;
 
-  WatchStream old(stub_.get(), WatchReq(widgets_, rvs[2]));
+  WatchReader old(stub_.get(), WatchReq(widgets_, rvs[2]));
   auto s = old.WaitForEnd();
   ASSERT_TRUE(s.has_value()) << "a watch from a compacted revision did not end";
   EXPECT_THAT(FromGrpcStatus(*s),
               StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("too old resource version")));
 
   // Inside the window: the last 10 events, exactly.
-  WatchStream in_window(stub_.get(), WatchReq(widgets_, rvs[29] - 10));
+  WatchReader in_window(stub_.get(), WatchReq(widgets_, rvs[29] - 10));
   std::vector<std::string> want;
   for (int i = 20; i < 30; ++i) want.push_back(Summary("ADDED", absl::StrCat("w", i), rvs[i]));
   EXPECT_EQ(in_window.Take(10), want);
@@ -477,7 +361,7 @@ TEST_F(DurabilityTest, HistoryByCount_RevisionTooOldBeforeRestart_IsTooOldAfterI
   for (int i = 0; i < 30; ++i) rvs.push_back(MustCreate(Obj(absl::StrCat("w", i))));
   const int64_t edge = rvs[29] - 11;  // one revision before the 10 kept events
   {
-    WatchStream before(stub_.get(), WatchReq(widgets_, edge));
+    WatchReader before(stub_.get(), WatchReq(widgets_, edge));
     auto s = before.WaitForEnd();
     ASSERT_TRUE(s.has_value()) << "before the restart, a watch from " << edge << " did not end";
     ASSERT_EQ(s->error_code(), grpc::StatusCode::OUT_OF_RANGE) << s->error_message();
@@ -486,7 +370,7 @@ TEST_F(DurabilityTest, HistoryByCount_RevisionTooOldBeforeRestart_IsTooOldAfterI
     SCOPED_TRACE(absl::StrCat("after a restart by signal ", sig));
     Restart(sig);
     if (HasFatalFailure()) return;
-    WatchStream after(stub_.get(), WatchReq(widgets_, edge));
+    WatchReader after(stub_.get(), WatchReq(widgets_, edge));
     auto s = after.WaitForEnd(absl::Seconds(3));
     ASSERT_TRUE(s.has_value()) << "a watch from " << edge << " (too old before the restart) is "
                                << "served after it: got "
@@ -508,7 +392,7 @@ TEST_F(DurabilityTest, HistoryByAge_OldRevisionIsTooOldAfterRestart) {
   absl::Time deadline = written + absl::Seconds(15);
   std::optional<grpc::Status> s;
   while (true) {
-    WatchStream old(stub_.get(), WatchReq(widgets_, first));
+    WatchReader old(stub_.get(), WatchReq(widgets_, first));
     s = old.WaitForEnd(absl::Milliseconds(200));
     if (absl::Now() - written > absl::Seconds(2) && s.has_value() &&
         s->error_code() == grpc::StatusCode::OUT_OF_RANGE) {
@@ -524,7 +408,7 @@ TEST_F(DurabilityTest, HistoryByAge_OldRevisionIsTooOldAfterRestart) {
   // A recent revision is still inside the window.
   int64_t recent = MustCreate(Obj("a3"));
   int64_t last = MustCreate(Obj("a4"));
-  WatchStream fresh(stub_.get(), WatchReq(widgets_, recent));
+  WatchReader fresh(stub_.get(), WatchReq(widgets_, recent));
   EXPECT_EQ(fresh.Take(1), std::vector<std::string>{Summary("ADDED", "a4", last)});
 }
 

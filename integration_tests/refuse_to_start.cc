@@ -28,12 +28,14 @@ std::string DescribeWaitStatus(int wait_status) {
   return absl::StrCat("wait status ", wait_status);
 }
 
-RunResult RunCacheServer(const std::vector<std::string>& args, absl::Duration timeout) {
+RunResult RunToExit(const std::string& binary, const std::vector<std::string>& leading_args,
+                    const std::vector<std::string>& args, absl::Duration timeout) {
   std::string dir = MakeTempDir("refuse");
   std::string port_file = dir + "/ports";
   std::string log = dir + "/stderr.log";
-  std::vector<std::string> argv = {BinaryPath("cache_server/cache_server"), "--listen=127.0.0.1:0",
-                                   "--http-listen=127.0.0.1:0", "--port-file=" + port_file};
+  std::vector<std::string> argv = {BinaryPath(binary)};
+  argv.insert(argv.end(), leading_args.begin(), leading_args.end());
+  argv.push_back("--port-file=" + port_file);
   argv.insert(argv.end(), args.begin(), args.end());
   pid_t pid = fork();
   if (pid == 0) {
@@ -46,6 +48,7 @@ RunResult RunCacheServer(const std::vector<std::string>& args, absl::Duration ti
     _exit(127);
   }
   RunResult r;
+  r.program = binary.substr(binary.rfind('/') + 1);  // npos + 1 == 0: all of it
   absl::Time deadline = absl::Now() + timeout;
   std::optional<absl::Time> started_at;
   while (pid > 0) {
@@ -74,22 +77,35 @@ RunResult RunCacheServer(const std::vector<std::string>& args, absl::Duration ti
   return r;
 }
 
-void ExpectRefused(const RunResult& r, const std::vector<std::string>& mentions) {
-  EXPECT_TRUE(r.wait_status != -1 && WIFEXITED(r.wait_status) && WEXITSTATUS(r.wait_status) != 0)
-      << "it did not refuse to start: " << DescribeWaitStatus(r.wait_status) << "; stderr:\n"
-      << r.stderr_text;
+RunResult RunCacheServer(const std::vector<std::string>& args, absl::Duration timeout) {
+  return RunToExit("cache_server/cache_server",
+                   {"--listen=127.0.0.1:0", "--http-listen=127.0.0.1:0"}, args, timeout);
+}
+
+void ExpectRefused(const RunResult& r, const std::vector<std::string>& mentions, int exit_code) {
+  bool exited = r.wait_status != -1 && WIFEXITED(r.wait_status);
+  if (exit_code == -1) {
+    EXPECT_TRUE(exited && WEXITSTATUS(r.wait_status) != 0)
+        << "it did not refuse to start: " << DescribeWaitStatus(r.wait_status) << "; stderr:\n"
+        << r.stderr_text;
+  } else {
+    EXPECT_TRUE(exited && WEXITSTATUS(r.wait_status) == exit_code)
+        << "want exit code " << exit_code << ", got " << DescribeWaitStatus(r.wait_status)
+        << "; stderr:\n"
+        << r.stderr_text;
+  }
   EXPECT_FALSE(r.wrote_port_file) << "it reported ports as if serving";
+  const std::string prefix = r.program + ": refusing to start:";
   bool found = false;
   for (absl::string_view line : absl::StrSplit(r.stderr_text, '\n')) {
-    if (absl::StartsWith(line, "cache_server: refusing to start:")) {
+    if (absl::StartsWith(line, prefix)) {
       found = true;
       for (const std::string& m : mentions) {
         EXPECT_THAT(std::string(line), ::testing::HasSubstr(m));
       }
     }
   }
-  EXPECT_TRUE(found) << "no line starting \"cache_server: refusing to start:\" in stderr:\n"
-                     << r.stderr_text;
+  EXPECT_TRUE(found) << "no line starting \"" << prefix << "\" in stderr:\n" << r.stderr_text;
 }
 
 }  // namespace shardcache::testing

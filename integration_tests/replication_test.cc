@@ -8,7 +8,6 @@
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <algorithm>
 #include <iostream>
@@ -21,18 +20,16 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/testing/server_process.h"
 #include "integration_tests/refuse_to_start.h"
 #include "integration_tests/replicator_fixture.h"
 #include "integration_tests/store_fixture.h"
+#include "integration_tests/watch_reader.h"
 
 namespace shardcache::testing {
 namespace {
-
-using ::testing::HasSubstr;
 
 class ReplicationTest : public ReplicatorFixture {
  protected:
@@ -241,18 +238,12 @@ TEST_F(ReplicationTest, LabelSelectorChoosesTheCopies) {
 // then Deleted), then the finalizer goes and so does the CCR, and its own copy in the cache.
 TEST_F(ReplicationTest, DeletingACcrPurgesItsCopies) {
   ASSERT_NO_FATAL_FAILURE(StartAll());
-  ASSERT_TRUE(CreateIn(shard(), CcrGvr(), Ccr("widgets")).ok());
-  for (const char* name : {"w1", "w2", "w3"}) {
-    ASSERT_TRUE(CreateIn(shard(), WidgetsGvr(), Widget(name)).ok());
-  }
-  ASSERT_TRUE(WaitForReady("widgets", 3));
-  ASSERT_TRUE(WaitForCacheInSync());
-  ASSERT_TRUE(WaitForCcrCopy("widgets"));
+  ASSERT_NO_FATAL_FAILURE(ReplicateWidgets());
 
   v1::WatchRequest req;
   *req.mutable_resource() = CcrGvr();
   req.set_cluster(kCluster);
-  WatchStream watch(shard(), req);
+  WatchReader watch(shard(), req);
   ASSERT_TRUE(watch.SkipInitial());
 
   v1::DeleteRequest del;
@@ -312,7 +303,7 @@ TEST_F(ReplicationTest, TwoShardsIntoOneCache) {
 
   v1::WatchRequest req;
   *req.mutable_resource() = WidgetsGvr();
-  WatchStream watch(cache(), req);
+  WatchReader watch(cache(), req);
   ASSERT_TRUE(watch.SkipInitial());
 
   for (const std::string s : {"a", "b"}) {
@@ -452,22 +443,9 @@ TEST_F(ReplicationTest, StandbyIsReady) {
   EXPECT_EQ(Leading(replica_), 1);
 }
 
-// Checks that a run refused to start: exit code 2, no port file, and a stderr line that starts
-// "shard_replicator: refusing to start:" and mentions `mention`.
-void ExpectRefused(const ReplicatorRun& r, const std::string& mention) {
-  EXPECT_TRUE(r.wait_status != -1 && WIFEXITED(r.wait_status) && WEXITSTATUS(r.wait_status) == 2)
-      << "want exit code 2, got " << DescribeWaitStatus(r.wait_status) << "; stderr:\n"
-      << r.stderr_text;
-  EXPECT_FALSE(r.wrote_port_file) << "it reported a port as if serving";
-  bool found = false;
-  for (absl::string_view line : absl::StrSplit(r.stderr_text, '\n')) {
-    if (absl::StartsWith(line, "shard_replicator: refusing to start:")) {
-      found = true;
-      EXPECT_THAT(std::string(line), HasSubstr(mention));
-    }
-  }
-  EXPECT_TRUE(found) << "no line starting \"shard_replicator: refusing to start:\" in stderr:\n"
-                     << r.stderr_text;
+// shard_replicator refuses bad flags with exit code 2, naming the flag.
+void ExpectBadFlagRefused(const RunResult& r, const std::string& mention) {
+  ExpectRefused(r, mention, /*exit_code=*/2);
 }
 
 TEST(ReplicatorFlagsTest, RefusesToStartWithBadFlags) {
@@ -483,28 +461,29 @@ TEST(ReplicatorFlagsTest, RefusesToStartWithBadFlags) {
   };
   {
     SCOPED_TRACE("no --shard");
-    ExpectRefused(RunReplicatorToExit(with({}, "--shard=")), "--shard:");
+    ExpectBadFlagRefused(RunReplicatorToExit(with({}, "--shard=")), "--shard:");
   }
   {
     SCOPED_TRACE("--shard not a DNS label");
-    ExpectRefused(RunReplicatorToExit(with({"--shard=Not_A_Label"}, "--shard=")), "--shard:");
+    ExpectBadFlagRefused(RunReplicatorToExit(with({"--shard=Not_A_Label"}, "--shard=")),
+                         "--shard:");
   }
   {
     SCOPED_TRACE("no --cache");
-    ExpectRefused(RunReplicatorToExit(with({}, "--cache=")), "--cache:");
+    ExpectBadFlagRefused(RunReplicatorToExit(with({}, "--cache=")), "--cache:");
   }
   {
     SCOPED_TRACE("no --shard-store");
-    ExpectRefused(RunReplicatorToExit(with({}, "--shard-store=")), "--shard-store:");
+    ExpectBadFlagRefused(RunReplicatorToExit(with({}, "--shard-store=")), "--shard-store:");
   }
   {
     SCOPED_TRACE("renew deadline not below the lease duration");
-    ExpectRefused(RunReplicatorToExit(with({"--lease-duration=3s", "--renew-deadline=5s"})),
-                  "--renew-deadline");
+    ExpectBadFlagRefused(RunReplicatorToExit(with({"--lease-duration=3s", "--renew-deadline=5s"})),
+                         "--renew-deadline");
   }
   {
     SCOPED_TRACE("no workers");
-    ExpectRefused(RunReplicatorToExit(with({"--workers=0"})), "--workers:");
+    ExpectBadFlagRefused(RunReplicatorToExit(with({"--workers=0"})), "--workers:");
   }
 }
 

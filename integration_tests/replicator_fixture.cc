@@ -1,15 +1,9 @@
 #include "integration_tests/replicator_fixture.h"
 
-#include <fcntl.h>
 #include <google/protobuf/util/message_differencer.h>
-#include <signal.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
-#include <fstream>
 #include <optional>
-#include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -156,110 +150,11 @@ double Metric(int http_port, const std::string& name, const std::vector<std::str
   return found ? sum : -1;
 }
 
-// --- WatchStream ---
-
-WatchStream::WatchStream(v1::Store::Stub* stub, const v1::WatchRequest& request,
-                         absl::Duration lifetime) {
-  ctx_.set_deadline(absl::ToChronoTime(absl::Now() + lifetime));
-  reader_ = stub->Watch(&ctx_, request);
-  thread_ = std::thread([this] { Run(); });
-}
-
-WatchStream::~WatchStream() {
-  ctx_.TryCancel();
-  thread_.join();
-}
-
-void WatchStream::Run() {
-  v1::WatchEvent e;
-  while (reader_->Read(&e)) {
-    absl::MutexLock l(&mu_);
-    events_.push_back(e);
-  }
-  grpc::Status s = reader_->Finish();
-  absl::MutexLock l(&mu_);
-  status_ = s;
-}
-
-std::optional<v1::WatchEvent> WatchStream::Next(absl::Duration timeout) {
-  absl::MutexLock l(&mu_);
-  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !events_.empty() || status_.has_value();
-  };
-  mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
-  if (events_.empty()) return std::nullopt;
-  v1::WatchEvent e = std::move(events_.front());
-  events_.pop_front();
-  return e;
-}
-
-std::optional<v1::WatchEvent> WatchStream::NextObjectEvent(absl::Duration timeout) {
-  absl::Time deadline = absl::Now() + timeout;
-  while (true) {
-    auto e = Next(deadline - absl::Now());
-    if (!e.has_value() || e->type() != v1::WatchEvent::BOOKMARK) return e;
-  }
-}
-
-bool WatchStream::SkipInitial(absl::Duration timeout) {
-  absl::Time deadline = absl::Now() + timeout;
-  while (true) {
-    auto e = Next(deadline - absl::Now());
-    if (!e.has_value()) return false;
-    if (e->type() == v1::WatchEvent::BOOKMARK) return true;
-  }
-}
-
-std::optional<grpc::Status> WatchStream::Ended() {
-  absl::MutexLock l(&mu_);
-  return status_;
-}
-
 // --- RunReplicatorToExit ---
 
-ReplicatorRun RunReplicatorToExit(const std::vector<std::string>& args, absl::Duration timeout) {
-  std::string dir = MakeTempDir("refuse");
-  std::string port_file = dir + "/ports";
-  std::string log = dir + "/stderr.log";
-  std::vector<std::string> argv = {BinaryPath("shard_replicator/shard_replicator"),
-                                   "--http-listen=127.0.0.1:0", "--port-file=" + port_file};
-  argv.insert(argv.end(), args.begin(), args.end());
-  pid_t pid = fork();
-  if (pid == 0) {
-    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) dup2(fd, STDERR_FILENO);
-    std::vector<char*> cargv;
-    for (auto& a : argv) cargv.push_back(a.data());
-    cargv.push_back(nullptr);
-    execv(cargv[0], cargv.data());
-    _exit(127);
-  }
-  ReplicatorRun r;
-  absl::Time deadline = absl::Now() + timeout;
-  std::optional<absl::Time> started_at;
-  while (pid > 0) {
-    int status = 0;
-    if (waitpid(pid, &status, WNOHANG) == pid) {
-      r.wait_status = status;
-      break;
-    }
-    struct stat st;
-    if (!started_at.has_value() && stat(port_file.c_str(), &st) == 0) started_at = absl::Now();
-    if (absl::Now() >= deadline ||
-        (started_at.has_value() && absl::Now() - *started_at > absl::Seconds(1))) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      break;
-    }
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  struct stat st;
-  r.wrote_port_file = stat(port_file.c_str(), &st) == 0;
-  std::ifstream in(log);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  r.stderr_text = ss.str();
-  return r;
+RunResult RunReplicatorToExit(const std::vector<std::string>& args, absl::Duration timeout) {
+  return RunToExit("shard_replicator/shard_replicator", {"--http-listen=127.0.0.1:0"}, args,
+                   timeout);
 }
 
 // --- ReplicatorFixture: processes ---
@@ -416,6 +311,16 @@ void ReplicatorFixture::SetWidgetsServed(bool served, const std::string& shard_n
         }
       });
   ASSERT_TRUE(s.ok());
+}
+
+void ReplicatorFixture::ReplicateWidgets() {
+  ASSERT_TRUE(CreateIn(shard(), CcrGvr(), Ccr("widgets")).ok());
+  for (const char* name : {"w1", "w2", "w3"}) {
+    ASSERT_TRUE(CreateIn(shard(), WidgetsGvr(), Widget(name)).ok());
+  }
+  ASSERT_TRUE(WaitForReady("widgets", 3));
+  ASSERT_TRUE(WaitForCacheInSync());
+  ASSERT_TRUE(WaitForCcrCopy("widgets"));
 }
 
 // --- ReplicatorFixture: reads ---

@@ -8,7 +8,7 @@
 // Every wait returns a ::testing::AssertionResult whose failure message shows the last state
 // seen, so that `ASSERT_TRUE(WaitFor...)` explains itself.
 //
-// Thread-compatible: use a fixture from its test's thread (stubs are thread-safe; a WatchStream
+// Thread-compatible: use a fixture from its test's thread (stubs are thread-safe; a WatchReader
 // reads on its own thread).
 #ifndef SHARDCACHE_INTEGRATION_TESTS_REPLICATOR_FIXTURE_H_
 #define SHARDCACHE_INTEGRATION_TESTS_REPLICATOR_FIXTURE_H_
@@ -16,21 +16,20 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/testing/objects.h"
 #include "common/testing/server_process.h"
+#include "integration_tests/refuse_to_start.h"
 #include "integration_tests/store_fixture.h"
+#include "integration_tests/watch_reader.h"
 #include "shardcache/v1/store.grpc.pb.h"
 
 namespace shardcache::testing {
@@ -100,47 +99,10 @@ std::string CopyDiff(const v1::Object& origin, const v1::Object& copy, const std
 // page cannot be read.
 double Metric(int http_port, const std::string& name, const std::vector<std::string>& labels = {});
 
-// One Watch stream, read by its own thread into a queue so that a test can wait for events with
-// a timeout. The stream has a deadline, and is cancelled when the object goes away.
-class WatchStream {
- public:
-  WatchStream(v1::Store::Stub* stub, const v1::WatchRequest& request,
-              absl::Duration lifetime = absl::Seconds(170));
-  ~WatchStream();
-  WatchStream(const WatchStream&) = delete;
-  WatchStream& operator=(const WatchStream&) = delete;
-
-  // The next event, waiting up to `timeout`; nullopt if the stream ended first or on timeout.
-  std::optional<v1::WatchEvent> Next(absl::Duration timeout);
-  // The next event that is not a BOOKMARK.
-  std::optional<v1::WatchEvent> NextObjectEvent(absl::Duration timeout);
-  // Reads up to and including the initial-events-end BOOKMARK of a watch from now; true if it
-  // came within `timeout`.
-  bool SkipInitial(absl::Duration timeout = absl::Seconds(10));
-  // The stream's status if it has ended.
-  std::optional<grpc::Status> Ended();
-
- private:
-  void Run();
-
-  grpc::ClientContext ctx_;
-  std::unique_ptr<grpc::ClientReader<v1::WatchEvent>> reader_;
-  absl::Mutex mu_;
-  std::deque<v1::WatchEvent> events_ ABSL_GUARDED_BY(mu_);
-  std::optional<grpc::Status> status_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;
-};
-
-// What a run of shard_replicator that should refuse to start did.
-struct ReplicatorRun {
-  int wait_status = -1;  // as from waitpid; -1: it did not exit by itself
-  std::string stderr_text;
-  bool wrote_port_file = false;
-};
 // Runs shard_replicator with `args` (after --http-listen=127.0.0.1:0 --port-file=...) until it
 // exits, for at most `timeout`; one that starts serving instead is killed a second later.
-ReplicatorRun RunReplicatorToExit(const std::vector<std::string>& args,
-                                  absl::Duration timeout = absl::Seconds(15));
+RunResult RunReplicatorToExit(const std::vector<std::string>& args,
+                              absl::Duration timeout = absl::Seconds(15));
 
 class ReplicatorFixture : public ::testing::Test {
  protected:
@@ -191,6 +153,9 @@ class ReplicatorFixture : public ::testing::Test {
   void UndefineWidgets(const std::string& shard_name = "a");
   // Switches version v1 of widgets to served: `served` (objects stay in the store).
   void SetWidgetsServed(bool served, const std::string& shard_name = "a");
+  // Creates CCR "widgets" and widgets w1..w3 in shard "a" (a replica must lead) and waits until
+  // the CCR is Ready with 3 of each and the cache holds equal copies of the widgets and of it.
+  void ReplicateWidgets();
 
   // Reads.
   std::optional<v1::Object> GetFrom(v1::Store::Stub* stub, const v1::GroupVersionResource& gvr,

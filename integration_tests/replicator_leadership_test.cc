@@ -23,6 +23,7 @@
 #include "integration_tests/refuse_to_start.h"
 #include "integration_tests/replicator_fixture.h"
 #include "integration_tests/store_fixture.h"
+#include "integration_tests/watch_reader.h"
 
 namespace shardcache::testing {
 namespace {
@@ -61,15 +62,27 @@ class LeadershipTest : public ReplicatorFixture {
     StartCache();
   }
 
-  // CCR "widgets" and widgets w1..w3, in sync in the cache.
-  void StartReplicating() {
-    ASSERT_TRUE(CreateIn(shard(), CcrGvr(), Ccr("widgets")).ok());
-    for (const char* name : {"w1", "w2", "w3"}) {
-      ASSERT_TRUE(CreateIn(shard(), WidgetsGvr(), Widget(name)).ok());
-    }
-    ASSERT_TRUE(WaitForReady("widgets", 3));
-    ASSERT_TRUE(WaitForCacheInSync());
-    ASSERT_TRUE(WaitForCcrCopy("widgets"));
+  // The stores and replica-0 of shard "a", leading (`leader`), and widgets replicated
+  // (ReplicateWidgets).
+  void StartLeader(ServerProcess** leader) {
+    StartStores();
+    if (HasFatalFailure()) return;
+    *leader = StartReplicator("a", "replica-0");
+    ASSERT_TRUE(WaitForLeading(*leader, 1, absl::Seconds(15)));
+    ReplicateWidgets();
+  }
+
+  // The stores, replicas replica-0 and replica-1 of shard "a", one leading (`leader`) and the
+  // other standing by (`standby`), and widgets replicated (ReplicateWidgets).
+  void StartLeaderAndStandby(ServerProcess** leader, ServerProcess** standby) {
+    StartStores();
+    if (HasFatalFailure()) return;
+    ServerProcess* r0 = StartReplicator("a", "replica-0");
+    ServerProcess* r1 = StartReplicator("a", "replica-1");
+    *leader = WaitForOneLeader({r0, r1});
+    ASSERT_NE(*leader, nullptr);
+    *standby = *leader == r0 ? r1 : r0;
+    ReplicateWidgets();
   }
 
   // Waits until exactly one of `replicas` leads and returns it (nullptr on timeout).
@@ -103,6 +116,14 @@ class LeadershipTest : public ReplicatorFixture {
     ASSERT_TRUE(s.ok()) << s.error_message();
   }
 
+  // The cache converges with shard "a": in sync, CCR "widgets" Ready with `n` widgets, and its
+  // copy current.
+  void ExpectConverged(double n) {
+    EXPECT_TRUE(WaitForCacheInSync());
+    EXPECT_TRUE(WaitForReady("widgets", n));
+    EXPECT_TRUE(WaitForCcrCopy("widgets"));
+  }
+
   // A local change: w1's spec.color.
   void ChangeLocally(const std::string& color) {
     ASSERT_TRUE(Modify(shard(), WidgetsGvr(), kCluster, kNamespace, "w1", [&](v1::Object* o) {
@@ -115,10 +136,8 @@ class LeadershipTest : public ReplicatorFixture {
 // writes nothing to the cache while local changes happen; when the lease is handed back, its next
 // term converges the cache, changes made in between included.
 TEST_F(LeadershipTest, LeaseTakenAwayAndHandedBack) {
-  ASSERT_NO_FATAL_FAILURE(StartStores());
-  ServerProcess* r = StartReplicator("a", "replica-0");
-  ASSERT_TRUE(WaitForLeading(r, 1, absl::Seconds(15)));
-  ASSERT_NO_FATAL_FAILURE(StartReplicating());
+  ServerProcess* r = nullptr;
+  ASSERT_NO_FATAL_FAILURE(StartLeader(&r));
   double epoch = Metric(r->http_port(), kEpoch);
   EXPECT_GT(epoch, 0);
   double terms = Metric(r->http_port(), kTerms);
@@ -140,9 +159,9 @@ TEST_F(LeadershipTest, LeaseTakenAwayAndHandedBack) {
   v1::WatchRequest req;
   *req.mutable_resource() = WidgetsGvr();
   req.set_shard("a");
-  WatchStream widget_watch(cache(), req);
+  WatchReader widget_watch(cache(), req);
   *req.mutable_resource() = CcrGvr();
-  WatchStream ccr_watch(cache(), req);
+  WatchReader ccr_watch(cache(), req);
   ASSERT_TRUE(widget_watch.SkipInitial());
   ASSERT_TRUE(ccr_watch.SkipInitial());
   double writes = Counter(r, kWrites);
@@ -175,22 +194,16 @@ TEST_F(LeadershipTest, LeaseTakenAwayAndHandedBack) {
   ASSERT_TRUE(WaitForLeading(r, 1, kRetryPeriod * 2.2 + kSlack));
   EXPECT_GE(Metric(r->http_port(), kEpoch), epoch + 2) << "the intruder's term counts too";
   EXPECT_EQ(Metric(r->http_port(), kTerms), 2);
-  EXPECT_TRUE(WaitForCacheInSync());
-  EXPECT_TRUE(WaitForReady("widgets", 3));
-  EXPECT_TRUE(WaitForCcrCopy("widgets"));
+  ExpectConverged(3);
 }
 
 // Two replicas: one leads, the other stands by. Killed with SIGKILL, the leader cannot release its
 // lease: the standby takes over once it expires. Stopped with SIGTERM, the leader releases it: the
 // standby takes over within a retry period. Either way the new leader converges.
 TEST_F(LeadershipTest, StandbyTakesOverFromAKilledOrStoppedLeader) {
-  ASSERT_NO_FATAL_FAILURE(StartStores());
-  ServerProcess* r0 = StartReplicator("a", "replica-0");
-  ServerProcess* r1 = StartReplicator("a", "replica-1");
-  ServerProcess* leader = WaitForOneLeader({r0, r1});
-  ASSERT_NE(leader, nullptr);
-  ServerProcess* standby = leader == r0 ? r1 : r0;
-  ASSERT_NO_FATAL_FAILURE(StartReplicating());
+  ServerProcess* leader = nullptr;
+  ServerProcess* standby = nullptr;
+  ASSERT_NO_FATAL_FAILURE(StartLeaderAndStandby(&leader, &standby));
   EXPECT_EQ(Leading(standby), 0);
 
   // kill -9.
@@ -224,22 +237,16 @@ TEST_F(LeadershipTest, StandbyTakesOverFromAKilledOrStoppedLeader) {
       << DescribeWaitStatus(status);
   ChangeLocally("after-term");
   ASSERT_TRUE(DeleteIn(shard(), WidgetsGvr(), "", kCluster, kNamespace, "w2").ok());
-  EXPECT_TRUE(WaitForCacheInSync());
-  EXPECT_TRUE(WaitForReady("widgets", 3));
-  EXPECT_TRUE(WaitForCcrCopy("widgets"));
+  ExpectConverged(3);
 }
 
 // A leader paused (SIGSTOP) past its lease: the standby takes over and writes. Resumed, the old
 // leader stops leading, the cache keeps the new leader's view, and a write with the old leader's
 // epoch is fenced.
 TEST_F(LeadershipTest, PausedLeaderIsFencedAfterTakeover) {
-  ASSERT_NO_FATAL_FAILURE(StartStores());
-  ServerProcess* r0 = StartReplicator("a", "replica-0");
-  ServerProcess* r1 = StartReplicator("a", "replica-1");
-  ServerProcess* old_leader = WaitForOneLeader({r0, r1});
-  ASSERT_NE(old_leader, nullptr);
-  ServerProcess* new_leader = old_leader == r0 ? r1 : r0;
-  ASSERT_NO_FATAL_FAILURE(StartReplicating());
+  ServerProcess* old_leader = nullptr;
+  ServerProcess* new_leader = nullptr;
+  ASSERT_NO_FATAL_FAILURE(StartLeaderAndStandby(&old_leader, &new_leader));
   double old_epoch = Metric(old_leader->http_port(), kEpoch);
   ASSERT_GT(old_epoch, 0);
 
@@ -313,10 +320,8 @@ TEST_F(LeadershipTest, PausedLeaderIsFencedAfterTakeover) {
 // A higher epoch claimed at the cache for the shard while a replica leads: its next write is
 // fenced, it counts it, and its term ends; the change it could not write never reaches the cache.
 TEST_F(LeadershipTest, HigherEpochClaimedAtTheCacheFencesTheLeader) {
-  ASSERT_NO_FATAL_FAILURE(StartStores());
-  ServerProcess* r = StartReplicator("a", "replica-0");
-  ASSERT_TRUE(WaitForLeading(r, 1, absl::Seconds(15)));
-  ASSERT_NO_FATAL_FAILURE(StartReplicating());
+  ServerProcess* r = nullptr;
+  ASSERT_NO_FATAL_FAILURE(StartLeader(&r));
   double epoch = Metric(r->http_port(), kEpoch);
   ASSERT_GT(epoch, 0);
   double fenced = Counter(r, kFenced);

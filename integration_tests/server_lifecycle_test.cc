@@ -15,25 +15,23 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <deque>
 #include <fstream>
 #include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/testing/server_process.h"
 #include "integration_tests/refuse_to_start.h"
 #include "integration_tests/store_fixture.h"
+#include "integration_tests/watch_reader.h"
 
 namespace shardcache::testing {
 namespace {
@@ -48,61 +46,6 @@ constexpr absl::Duration kWait = absl::Seconds(10);
   return ::testing::AssertionFailure()
          << "gRPC status " << s.error_code() << ": " << s.error_message();
 }
-
-// A watch stream read by its own thread, so that the test can wait for its end with a timeout.
-class WatchStream {
- public:
-  WatchStream(v1::Store::Stub* stub, const v1::WatchRequest& request) {
-    ctx_.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(90)));
-    reader_ = stub->Watch(&ctx_, request);
-    thread_ = std::thread([this] {
-      v1::WatchEvent e;
-      while (reader_->Read(&e)) {
-        absl::MutexLock l(&mu_);
-        events_.push_back(e);
-      }
-      grpc::Status s = reader_->Finish();
-      absl::MutexLock l(&mu_);
-      status_ = s;
-    });
-  }
-  ~WatchStream() {
-    ctx_.TryCancel();
-    thread_.join();
-  }
-
-  // Waits for the initial-events-end bookmark of a watch from now: the watch is registered.
-  bool WaitForInitialBookmark(absl::Duration timeout = kWait) {
-    absl::MutexLock l(&mu_);
-    auto seen = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      for (const auto& e : events_) {
-        if (e.type() == v1::WatchEvent::BOOKMARK) return true;
-      }
-      return status_.has_value();
-    };
-    mu_.AwaitWithTimeout(absl::Condition(&seen), timeout);
-    for (const auto& e : events_) {
-      if (e.type() == v1::WatchEvent::BOOKMARK) return true;
-    }
-    return false;
-  }
-
-  // The stream's final status, waiting up to `timeout`; nullopt if still open.
-  std::optional<grpc::Status> WaitForEnd(absl::Duration timeout = kWait) {
-    absl::MutexLock l(&mu_);
-    auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return status_.has_value(); };
-    mu_.AwaitWithTimeout(absl::Condition(&ended), timeout);
-    return status_;
-  }
-
- private:
-  grpc::ClientContext ctx_;
-  std::unique_ptr<grpc::ClientReader<v1::WatchEvent>> reader_;
-  absl::Mutex mu_;
-  std::deque<v1::WatchEvent> events_ ABSL_GUARDED_BY(mu_);
-  std::optional<grpc::Status> status_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;
-};
 
 v1::WatchRequest WatchWidgets() {
   v1::WatchRequest req;
@@ -177,10 +120,10 @@ TEST_F(ServerLifecycleTest, Health_WhileServing_HttpAndGrpcReportServing) {
 TEST_F(ServerLifecycleTest, Sigterm_WithOpenWatchesAndWriteStream_DrainsAndExitsZero) {
   const absl::Duration kDrain = absl::Seconds(3);
   StartServer({"--drain-timeout=3s"});
-  std::vector<std::unique_ptr<WatchStream>> watches;
+  std::vector<std::unique_ptr<WatchReader>> watches;
   for (int i = 0; i < 3; ++i) {
-    watches.push_back(std::make_unique<WatchStream>(stub_.get(), WatchWidgets()));
-    ASSERT_TRUE(watches.back()->WaitForInitialBookmark());
+    watches.push_back(std::make_unique<WatchReader>(stub_.get(), WatchWidgets()));
+    ASSERT_TRUE(watches.back()->SkipInitial());
   }
   // A Write stream with one answered write, left open (no WritesDone).
   grpc::ClientContext write_ctx;
@@ -234,10 +177,10 @@ TEST_F(ServerLifecycleTest, Sigterm_WithOpenWatchesAndWriteStream_DrainsAndExits
 
 TEST_F(ServerLifecycleTest, Sigterm_WithOnlyWatchesOpen_ExitsWithoutWaitingForTheDrainTimeout) {
   StartServer({"--drain-timeout=60s"});
-  std::vector<std::unique_ptr<WatchStream>> watches;
+  std::vector<std::unique_ptr<WatchReader>> watches;
   for (int i = 0; i < 5; ++i) {
-    watches.push_back(std::make_unique<WatchStream>(stub_.get(), WatchWidgets()));
-    ASSERT_TRUE(watches.back()->WaitForInitialBookmark());
+    watches.push_back(std::make_unique<WatchReader>(stub_.get(), WatchWidgets()));
+    ASSERT_TRUE(watches.back()->SkipInitial());
   }
   absl::Time sigterm = absl::Now();
   server_->Signal(SIGTERM);

@@ -8,26 +8,24 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/grpc_status.h"
 #include "common/testing/server_process.h"
 #include "common/testing/status_matchers.h"
 #include "integration_tests/store_fixture.h"
+#include "integration_tests/watch_reader.h"
 
 namespace shardcache::testing {
 namespace {
@@ -48,18 +46,6 @@ int64_t Rv(const v1::Object& o) {
   EXPECT_TRUE(absl::SimpleAtoi(o.metadata().resource_version(), &rv))
       << "resourceVersion \"" << o.metadata().resource_version() << "\" is not a number";
   return rv;
-}
-
-// "ADDED w1@7": what a test compares events by (type, name, resourceVersion).
-std::string Summary(const std::string& type, const std::string& name, int64_t rv) {
-  return absl::StrCat(type, " ", name, "@", rv);
-}
-std::string Summary(const v1::WatchEvent& e) {
-  if (e.type() == v1::WatchEvent::BOOKMARK) {
-    return absl::StrCat("BOOKMARK@", e.object().metadata().resource_version());
-  }
-  return absl::StrCat(v1::WatchEvent::Type_Name(e.type()), " ", e.object().metadata().name(), "@",
-                      e.object().metadata().resource_version());
 }
 
 // Polls `cond` every 10 ms until it holds or `timeout` passes.
@@ -83,121 +69,6 @@ double Metric(int http_port, const std::string& name) {
     }
   }
   return -1;
-}
-
-// One Watch stream, read by its own thread into a queue so that the test can wait for events
-// with a timeout. The stream itself has a deadline, and is cancelled when the object goes away.
-class WatchStream {
- public:
-  WatchStream(v1::Store::Stub* stub, const v1::WatchRequest& request,
-              absl::Duration lifetime = absl::Seconds(90)) {
-    ctx_.set_deadline(absl::ToChronoTime(absl::Now() + lifetime));
-    reader_ = stub->Watch(&ctx_, request);
-    thread_ = std::thread([this] { Run(); });
-  }
-  ~WatchStream() {
-    ctx_.TryCancel();
-    thread_.join();
-  }
-
-  // The next event, waiting up to `timeout`; nullopt if the stream ended first or on timeout.
-  std::optional<v1::WatchEvent> Next(absl::Duration timeout = kWait) {
-    absl::MutexLock l(&mu_);
-    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return !events_.empty() || status_.has_value();
-    };
-    mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
-    if (events_.empty()) return std::nullopt;
-    v1::WatchEvent e = std::move(events_.front());
-    events_.pop_front();
-    return e;
-  }
-
-  // The next event that is not a BOOKMARK.
-  std::optional<v1::WatchEvent> NextObjectEvent(absl::Duration timeout = kWait) {
-    absl::Time deadline = absl::Now() + timeout;
-    while (true) {
-      auto e = Next(deadline - absl::Now());
-      if (!e.has_value() || e->type() != v1::WatchEvent::BOOKMARK) return e;
-    }
-  }
-
-  // Summaries of the next `n` events that are not BOOKMARKs (fewer if the stream ends or the
-  // time is up).
-  std::vector<std::string> Take(size_t n, absl::Duration timeout = kWait) {
-    std::vector<std::string> out;
-    absl::Time deadline = absl::Now() + timeout;
-    while (out.size() < n) {
-      auto e = NextObjectEvent(deadline - absl::Now());
-      if (!e.has_value()) break;
-      out.push_back(Summary(*e));
-    }
-    return out;
-  }
-
-  // Reads up to and including the initial-events-end BOOKMARK of a watch from now; returns the
-  // events before it, and the bookmark in `bookmark`.
-  std::vector<v1::WatchEvent> TakeInitial(v1::WatchEvent* bookmark,
-                                          absl::Duration timeout = kWait) {
-    std::vector<v1::WatchEvent> out;
-    absl::Time deadline = absl::Now() + timeout;
-    while (true) {
-      auto e = Next(deadline - absl::Now());
-      if (!e.has_value()) {
-        ADD_FAILURE() << "no initial-events-end bookmark after " << out.size() << " events";
-        return out;
-      }
-      if (e->type() == v1::WatchEvent::BOOKMARK) {
-        *bookmark = *e;
-        return out;
-      }
-      out.push_back(*std::move(e));
-    }
-  }
-
-  // The stream's final status, waiting up to `timeout` for it; nullopt if still open.
-  std::optional<grpc::Status> WaitForEnd(absl::Duration timeout = kWait) {
-    absl::MutexLock l(&mu_);
-    auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return status_.has_value(); };
-    mu_.AwaitWithTimeout(absl::Condition(&ended), timeout);
-    return status_;
-  }
-
-  // Events received and not yet taken.
-  size_t Pending() {
-    absl::MutexLock l(&mu_);
-    return events_.size();
-  }
-
- private:
-  void Run() {
-    v1::WatchEvent e;
-    while (reader_->Read(&e)) {
-      absl::MutexLock l(&mu_);
-      events_.push_back(e);
-    }
-    grpc::Status s = reader_->Finish();
-    absl::MutexLock l(&mu_);
-    status_ = s;
-  }
-
-  grpc::ClientContext ctx_;
-  std::unique_ptr<grpc::ClientReader<v1::WatchEvent>> reader_;
-  absl::Mutex mu_;
-  std::deque<v1::WatchEvent> events_ ABSL_GUARDED_BY(mu_);
-  std::optional<grpc::Status> status_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;
-};
-
-v1::WatchRequest WatchReq(const v1::GroupVersionResource& gvr, const std::string& rv = "") {
-  v1::WatchRequest req;
-  *req.mutable_resource() = gvr;
-  req.set_resource_version(rv);
-  return req;
-}
-
-v1::WatchRequest WatchReq(const v1::GroupVersionResource& gvr, int64_t rv) {
-  return WatchReq(gvr, absl::StrCat(rv));
 }
 
 // An object with spec {"n": n}.
@@ -263,8 +134,8 @@ TEST_F(WatchTest, FromResourceVersion_DeliversExactlyTheLaterEventsInOrder) {
   want.push_back(Summary("ADDED", "a4", MustCreate(widgets_, Obj("c1", "ns2", "a4"))));
   int64_t last = MustCreate(gadgets_, Obj("c1", "ns1", "g2"));
 
-  WatchStream w(stub_.get(), WatchReq(widgets_, from));
-  WatchStream at_head(stub_.get(), WatchReq(widgets_, last));
+  WatchReader w(stub_.get(), WatchReq(widgets_, from));
+  WatchReader at_head(stub_.get(), WatchReq(widgets_, last));
 
   // Read them as events, to check the contents too.
   std::vector<v1::WatchEvent> got;
@@ -296,13 +167,13 @@ TEST_F(WatchTest, FromResourceVersion_DeliversExactlyTheLaterEventsInOrder) {
 TEST_F(WatchTest, FromResourceVersion_NotANumberOrInTheFuture_IsRejected) {
   StartServer({});
   int64_t rv = MustCreate(widgets_, Obj("c1", "ns1", "a1"));
-  WatchStream bad(stub_.get(), WatchReq(widgets_, "abc"));
+  WatchReader bad(stub_.get(), WatchReq(widgets_, "abc"));
   auto s = bad.WaitForEnd();
   ASSERT_TRUE(s.has_value());
   EXPECT_EQ(s->error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s->error_message();
   EXPECT_THAT(s->error_message(), HasSubstr("resource_version"));
 
-  WatchStream future(stub_.get(), WatchReq(widgets_, rv + 100));
+  WatchReader future(stub_.get(), WatchReq(widgets_, rv + 100));
   s = future.WaitForEnd();
   ASSERT_TRUE(s.has_value());
   EXPECT_NE(s->error_code(), grpc::StatusCode::OK);
@@ -324,7 +195,7 @@ TEST_F(WatchTest, FromNow_SendsCurrentStateThenInitialEventsEndBookmarkThenLiveE
   // last widget's.
   int64_t current = MustCreate(gadgets_, Obj("c1", "ns1", "g1"));
 
-  WatchStream w(stub_.get(), WatchReq(widgets_));
+  WatchReader w(stub_.get(), WatchReq(widgets_));
   v1::WatchEvent bookmark;
   std::vector<v1::WatchEvent> initial = w.TakeInitial(&bookmark);
   std::map<std::string, int64_t> got_initial;
@@ -353,7 +224,7 @@ TEST_F(WatchTest, FromNow_SendsCurrentStateThenInitialEventsEndBookmarkThenLiveE
 TEST_F(WatchTest, FromNow_EmptyResource_SendsOnlyTheBookmark) {
   StartServer({});
   int64_t current = MustCreate(gadgets_, Obj("c1", "ns1", "g1"));
-  WatchStream w(stub_.get(), WatchReq(widgets_));
+  WatchReader w(stub_.get(), WatchReq(widgets_));
   auto e = w.Next();
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(e->type(), v1::WatchEvent::BOOKMARK);
@@ -387,9 +258,9 @@ TEST_F(WatchTest, Filters_UpdateThatCrossesTheFilter_ArrivesAsDeletedOrAdded) {
     return req;
   };
   // Live watches, started before the writes.
-  std::vector<std::unique_ptr<WatchStream>> live;
+  std::vector<std::unique_ptr<WatchReader>> live;
   for (const Case& c : cases) {
-    live.push_back(std::make_unique<WatchStream>(stub_.get(), request(c, "")));
+    live.push_back(std::make_unique<WatchReader>(stub_.get(), request(c, "")));
     v1::WatchEvent bookmark;
     EXPECT_TRUE(live.back()->TakeInitial(&bookmark).empty());
   }
@@ -428,12 +299,12 @@ TEST_F(WatchTest, Filters_UpdateThatCrossesTheFilter_ArrivesAsDeletedOrAdded) {
   for (size_t i = 0; i < cases.size(); ++i) {
     SCOPED_TRACE(cases[i].label);
     EXPECT_EQ(live[i]->Take(want[i].size()), want[i]) << "live";
-    WatchStream history(stub_.get(), request(cases[i], absl::StrCat(before)));
+    WatchReader history(stub_.get(), request(cases[i], absl::StrCat(before)));
     EXPECT_EQ(history.Take(want[i].size()), want[i]) << "from resourceVersion " << before;
   }
 
   // A watch from now with filters starts with exactly the matching objects.
-  WatchStream now(stub_.get(), request({"", "", "", "app=web"}, ""));
+  WatchReader now(stub_.get(), request({"", "", "", "app=web"}, ""));
   v1::WatchEvent bookmark;
   std::set<std::string> names;
   for (const auto& e : now.TakeInitial(&bookmark)) names.insert(e.object().metadata().name());
@@ -451,7 +322,7 @@ TEST_F(WatchTest, Filters_ShardInCacheRole) {
   StartServer({"--role=cache"});
   v1::WatchRequest req = WatchReq(widgets_);
   req.set_shard("a");
-  WatchStream w(stub_.get(), req);
+  WatchReader w(stub_.get(), req);
   v1::WatchEvent bookmark;
   EXPECT_TRUE(w.TakeInitial(&bookmark).empty());
   v1::Object in_b = Obj("root", "ns1", "x");
@@ -467,7 +338,7 @@ TEST_F(WatchTest, Filters_BadSelector_IsInvalidArgument) {
   StartServer({});
   v1::WatchRequest req = WatchReq(widgets_);
   req.set_label_selector("app in (web");
-  WatchStream w(stub_.get(), req);
+  WatchReader w(stub_.get(), req);
   auto s = w.WaitForEnd();
   ASSERT_TRUE(s.has_value());
   EXPECT_EQ(s->error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s->error_message();
@@ -482,7 +353,7 @@ TEST_F(WatchTest, TooOldResourceVersion_IsOutOfRange) {
   for (int i = 0; i < 30; ++i) {
     rvs.push_back(MustCreate(widgets_, Obj("c1", "ns1", absl::StrCat("w", i))));
   }
-  WatchStream old(stub_.get(), WatchReq(widgets_, rvs[2]));
+  WatchReader old(stub_.get(), WatchReq(widgets_, rvs[2]));
   auto s = old.WaitForEnd();
   ASSERT_TRUE(s.has_value()) << "a watch from a compacted revision did not end";
   EXPECT_THAT(FromGrpcStatus(*s),
@@ -491,12 +362,12 @@ TEST_F(WatchTest, TooOldResourceVersion_IsOutOfRange) {
 
   // The window holds the last 10 events: a watch from 11 revisions back needs one that is gone;
   // from 10 back it gets exactly the 10 that are kept.
-  WatchStream just_too_old(stub_.get(), WatchReq(widgets_, rvs[29] - 11));
+  WatchReader just_too_old(stub_.get(), WatchReq(widgets_, rvs[29] - 11));
   s = just_too_old.WaitForEnd();
   ASSERT_TRUE(s.has_value());
   EXPECT_EQ(s->error_code(), grpc::StatusCode::OUT_OF_RANGE) << s->error_message();
 
-  WatchStream oldest_kept(stub_.get(), WatchReq(widgets_, rvs[29] - 10));
+  WatchReader oldest_kept(stub_.get(), WatchReq(widgets_, rvs[29] - 10));
   std::vector<std::string> want;
   for (int i = 20; i < 30; ++i) want.push_back(Summary("ADDED", absl::StrCat("w", i), rvs[i]));
   EXPECT_EQ(oldest_kept.Take(10), want);
@@ -508,12 +379,12 @@ TEST_F(WatchTest, TooOldResourceVersion_IsOutOfRange) {
 TEST_F(WatchTest, PeriodicBookmarks_ReachAnIdleWatch) {
   StartServer({"--bookmark-interval=200ms"});
   int64_t rv = MustCreate(widgets_, Obj("c1", "ns1", "w1"));
-  WatchStream from_now(stub_.get(), WatchReq(widgets_));
-  WatchStream from_rv(stub_.get(), WatchReq(widgets_, rv));
+  WatchReader from_now(stub_.get(), WatchReq(widgets_));
+  WatchReader from_rv(stub_.get(), WatchReq(widgets_, rv));
   v1::WatchEvent initial_end;
   EXPECT_EQ(from_now.TakeInitial(&initial_end).size(), 1u);
 
-  for (WatchStream* w : {&from_now, &from_rv}) {
+  for (WatchReader* w : {&from_now, &from_rv}) {
     for (int i = 0; i < 3; ++i) {
       auto e = w->Next(absl::Seconds(5));
       ASSERT_TRUE(e.has_value()) << "no periodic bookmark " << i;
@@ -527,7 +398,7 @@ TEST_F(WatchTest, PeriodicBookmarks_ReachAnIdleWatch) {
 
   // After a write, the next bookmark covers it.
   int64_t rv2 = MustCreate(widgets_, Obj("c1", "ns1", "w2"));
-  for (WatchStream* w : {&from_now, &from_rv}) {
+  for (WatchReader* w : {&from_now, &from_rv}) {
     auto e = w->Next();
     ASSERT_TRUE(e.has_value());
     EXPECT_EQ(Summary(*e), Summary("ADDED", "w2", rv2));
@@ -563,7 +434,7 @@ TEST_F(WatchTest, SlowWatcher_IsEndedWithResourceExhausted_AndTheServerStaysHeal
   })) << "the watch was never registered";
 
   // A well-behaved watcher alongside it.
-  WatchStream healthy(stub_.get(), WatchReq(widgets_, from));
+  WatchReader healthy(stub_.get(), WatchReq(widgets_, from));
 
   const int kObjects = 120;
   std::string big(100 * 1024, 'x');
@@ -591,7 +462,7 @@ TEST_F(WatchTest, SlowWatcher_IsEndedWithResourceExhausted_AndTheServerStaysHeal
   EXPECT_FALSE(healthy.WaitForEnd(absl::ZeroDuration()).has_value());
   v1::WatchRequest small = WatchReq(widgets_);
   small.set_label_selector("app=small");
-  WatchStream fresh(stub_.get(), small);
+  WatchReader fresh(stub_.get(), small);
   v1::WatchEvent bookmark;
   EXPECT_TRUE(fresh.TakeInitial(&bookmark).empty());
   int64_t rv = MustCreate(widgets_, Obj("c1", "ns1", "small", {{"app", "small"}}));
@@ -619,12 +490,12 @@ TEST_F(WatchTest, DefinitionDeleted_WatchersGetDeletedPerObjectThenNotFound) {
   MustCreate(gadgets_, Obj("root", "ns1", "g1"));
   int64_t before = MustCreate(gadgets_, Obj("root", "ns1", "g2"));
 
-  WatchStream everything(stub_.get(), WatchReq(widgets_));
+  WatchReader everything(stub_.get(), WatchReq(widgets_));
   v1::WatchRequest web_req = WatchReq(widgets_);
   web_req.set_label_selector("app=web");
-  WatchStream only_web(stub_.get(), web_req);
-  WatchStream from_rv(stub_.get(), WatchReq(widgets_, before));
-  WatchStream other(stub_.get(), WatchReq(gadgets_));
+  WatchReader only_web(stub_.get(), web_req);
+  WatchReader from_rv(stub_.get(), WatchReq(widgets_, before));
+  WatchReader other(stub_.get(), WatchReq(gadgets_));
   v1::WatchEvent bookmark;
   EXPECT_EQ(everything.TakeInitial(&bookmark).size(), 5u);
   EXPECT_EQ(only_web.TakeInitial(&bookmark).size(), 3u);
@@ -632,7 +503,7 @@ TEST_F(WatchTest, DefinitionDeleted_WatchersGetDeletedPerObjectThenNotFound) {
 
   ASSERT_TRUE(Ok(Delete(DefinitionGvr(), "", "", "widgets.example.com")));
 
-  auto expect_deleted_then_not_found = [](WatchStream& w, const std::set<std::string>& names) {
+  auto expect_deleted_then_not_found = [](WatchReader& w, const std::set<std::string>& names) {
     std::set<std::string> deleted;
     int64_t prev = 0;
     for (size_t i = 0; i < names.size(); ++i) {
@@ -670,7 +541,7 @@ TEST_F(WatchTest, DefinitionDeleted_WatchersGetDeletedPerObjectThenNotFound) {
   *list.mutable_resource() = widgets_;
   v1::ListResponse listed;
   EXPECT_EQ(List(list, &listed).error_code(), grpc::StatusCode::NOT_FOUND);
-  WatchStream refused(stub_.get(), WatchReq(widgets_));
+  WatchReader refused(stub_.get(), WatchReq(widgets_));
   auto s = refused.WaitForEnd();
   ASSERT_TRUE(s.has_value());
   EXPECT_EQ(s->error_code(), grpc::StatusCode::NOT_FOUND) << s->error_message();
@@ -681,7 +552,7 @@ TEST_F(WatchTest, DefinitionDeleted_WatchersGetDeletedPerObjectThenNotFound) {
   Define("example.com", "widgets", "Namespaced");
   ASSERT_TRUE(Ok(List(list, &listed)));
   EXPECT_EQ(listed.items_size(), 0);
-  WatchStream again(stub_.get(), WatchReq(widgets_));
+  WatchReader again(stub_.get(), WatchReq(widgets_));
   EXPECT_TRUE(again.TakeInitial(&bookmark).empty());
   int64_t w9 = MustCreate(widgets_, Obj("root", "ns1", "w9"));
   EXPECT_EQ(again.Take(1), std::vector<std::string>{Summary("ADDED", "w9", w9)});
@@ -703,17 +574,17 @@ TEST_F(WatchTest, DefinitionRecreated_NewWatchIsNotEndedByTheOldDeletion) {
     for (int i = 0; i < kObjects; ++i) {
       ASSERT_GT(MustCreate(widgets_, Obj("root", "ns1", absl::StrCat("w", i))), 0);
     }
-    std::vector<std::unique_ptr<WatchStream>> old;
+    std::vector<std::unique_ptr<WatchReader>> old;
     int64_t rv = MustCreate(widgets_, Obj("root", "ns1", "last"));
     for (int i = 0; i < kWatchers; ++i) {
-      old.push_back(std::make_unique<WatchStream>(stub_.get(), WatchReq(widgets_, rv)));
+      old.push_back(std::make_unique<WatchReader>(stub_.get(), WatchReq(widgets_, rv)));
     }
     ASSERT_TRUE(WaitFor(
         [&] { return Metric(server_->http_port(), "shardcache_store_watchers") >= kWatchers; }));
 
     ASSERT_TRUE(Ok(Delete(DefinitionGvr(), "", "", "widgets.example.com")));
     ASSERT_TRUE(Ok(Create(DefinitionGvr(), definition)));
-    WatchStream fresh(stub_.get(), WatchReq(widgets_));
+    WatchReader fresh(stub_.get(), WatchReq(widgets_));
     auto first = fresh.Next();
     ASSERT_TRUE(first.has_value())
         << "the new watch ended: " << fresh.WaitForEnd()->error_message();
@@ -746,10 +617,10 @@ TEST_F(WatchTest, ManyWatchers_AllReceiveTheSameEventsInTheSameOrder) {
     stubs.push_back(v1::Store::NewStub(grpc::CreateCustomChannel(
         server_->grpc_address(), grpc::InsecureChannelCredentials(), args)));
   }
-  std::vector<std::unique_ptr<WatchStream>> watchers;
+  std::vector<std::unique_ptr<WatchReader>> watchers;
   for (int c = 0; c < kChannels; ++c) {
     for (int i = 0; i < kPerChannel; ++i) {
-      watchers.push_back(std::make_unique<WatchStream>(stubs[c].get(), WatchReq(widgets_, from)));
+      watchers.push_back(std::make_unique<WatchReader>(stubs[c].get(), WatchReq(widgets_, from)));
     }
   }
   // All registered before the writes, so that the events reach them live.
