@@ -119,8 +119,8 @@ int Run() {
   spdlog::info("received signal {}: stopping", sig);
   stopping = true;
   (*replicator)->Stop();
+  http.Stop();  // before the replicator goes: a /readyz request in flight may still ask it
   replicator->reset();
-  http.Stop();
   spdlog::info("stopped");
   return 0;
 }
