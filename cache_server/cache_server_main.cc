@@ -10,13 +10,9 @@
 
 #include <atomic>
 #include <cstdio>
-#include <fstream>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cache_server/object_store.h"
 #include "cache_server/rocksdb_storage.h"
@@ -204,16 +200,12 @@ int Run(Config config, const std::string& role_name) {
 }  // namespace shardcache
 
 int main(int argc, char** argv) {
-  shardcache::BlockTerminationSignals();
-  // Debian's Abseil is built with deadlock detection on, which puts every lock acquisition
-  // through a global graph: too costly for a server; the tests run with it on.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  absl::SetProgramUsageMessage(
+  shardcache::InitServerMain(
+      argc, argv,
       "the shardcache object store.\n\n"
       "  cache_server --role=cache --listen=127.0.0.1:7070 --http-listen=127.0.0.1:8070\n"
       "  cache_server --role=shard --listen=127.0.0.1:7071 --http-listen=127.0.0.1:8071\n\n"
       "Flags may be spelt with dashes or underscores (--http-listen, --http_listen).");
-  absl::ParseCommandLine(argc, shardcache::NormalizeFlagNames(argc, argv));
   absl::StatusOr<shardcache::Config> config = shardcache::ConfigFromFlags();
   if (!config.ok()) return shardcache::Refuse(config.status());
   absl::Status logging = shardcache::InitLogging("cache_server", absl::GetFlag(FLAGS_log_level));

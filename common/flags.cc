@@ -3,6 +3,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/synchronization/mutex.h"
+#include "common/signals.h"
+
 namespace shardcache {
 
 char** NormalizeFlagNames(int argc, char** argv) {
@@ -25,6 +30,13 @@ char** NormalizeFlagNames(int argc, char** argv) {
   for (auto& s : *storage) pointers->push_back(s.data());
   pointers->push_back(nullptr);
   return pointers->data();
+}
+
+void InitServerMain(int argc, char** argv, const char* usage) {
+  BlockTerminationSignals();
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  absl::SetProgramUsageMessage(usage);
+  absl::ParseCommandLine(argc, NormalizeFlagNames(argc, argv));
 }
 
 }  // namespace shardcache

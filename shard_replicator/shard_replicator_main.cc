@@ -6,14 +6,10 @@
 
 #include <atomic>
 #include <cstdio>
-#include <fstream>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "common/flags.h"
 #include "common/http_server.h"
 #include "common/logging.h"
@@ -129,13 +125,11 @@ int Run() {
 }  // namespace shardcache
 
 int main(int argc, char** argv) {
-  shardcache::BlockTerminationSignals();
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  absl::SetProgramUsageMessage(
+  shardcache::InitServerMain(
+      argc, argv,
       "replicates the objects that a shard's ClusterCachedResources select into the cache.\n\n"
       "  shard_replicator --shard=a --shard-store=127.0.0.1:7071 --cache=127.0.0.1:7070\n\n"
       "Flags may be spelt with dashes or underscores (--shard-store, --shard_store).");
-  absl::ParseCommandLine(argc, shardcache::NormalizeFlagNames(argc, argv));
   absl::Status logging =
       shardcache::InitLogging("shard_replicator", absl::GetFlag(FLAGS_log_level));
   if (!logging.ok()) return shardcache::Refuse(logging);
