@@ -191,6 +191,16 @@ absl::Status Reflector::ListAll() {
   do {
     if (StopRequested()) return absl::CancelledError("stopped");
     absl::StatusOr<v1::ListResponse> page = lw_->List(options_.page_size, continue_token);
+    if (!page.ok() && absl::IsOutOfRange(page.status()) && !continue_token.empty()) {
+      // The snapshot of the first page left the store's history window while we paged (a long
+      // list under many writes): as client-go's pager, list everything again in one page, which
+      // needs no history, rather than paging again into the same failure.
+      spdlog::warn("reflector {}: paged list expired ({}); listing in one page", name_,
+                   page.status().ToString());
+      objects.clear();
+      revision.clear();
+      page = lw_->List(0, "");
+    }
     if (!page.ok()) return page.status();
     if (revision.empty()) revision = page->resource_version();
     objects.reserve(objects.size() + page->items_size());

@@ -6,7 +6,9 @@
 // every event, and the store's BOOKMARKs, which keep it fresh while nothing changes). When a watch
 // ends (the server restarted, the connection dropped, the watch deadline passed), it watches
 // again from that revision, WITHOUT listing again. It lists again only when the store answers
-// OUT_OF_RANGE ("too old resource version": the revision left the store's history window).
+// OUT_OF_RANGE ("too old resource version": the revision left the store's history window). A
+// paged list whose snapshot leaves the window between two pages (a long list under many writes)
+// is done again at once in one page, which needs no history (client-go's pager does the same).
 //
 // Errors: between failed attempts it waits, on its Clock, for the delay of a Backoff
 // (common/backoff.h: 800 ms doubling to 30 s, with jitter, reset after a healthy period). A watch

@@ -274,6 +274,55 @@ TEST_F(ReflectorTest, Resume_AfterServerRestart_DoesNotRelist) {
   EXPECT_FALSE(reflector_->IsStopped());
 }
 
+// Writes `writes` objects through the store after the first page of a list is served, so that
+// the list's snapshot leaves a small history window before the next page is asked for.
+class ExpiringListerWatcher : public ListerWatcher {
+ public:
+  ExpiringListerWatcher(std::unique_ptr<ListerWatcher> inner, std::function<void()> writes)
+      : inner_(std::move(inner)), writes_(std::move(writes)) {}
+  absl::StatusOr<v1::ListResponse> List(int64_t limit, const std::string& token) override {
+    limits_.push_back(limit);
+    absl::StatusOr<v1::ListResponse> page = inner_->List(limit, token);
+    if (limits_.size() == 1) writes_();
+    return page;
+  }
+  std::unique_ptr<WatchEventStream> Watch(const std::string& rv) override {
+    return inner_->Watch(rv);
+  }
+  void Shutdown() override { inner_->Shutdown(); }
+  std::string Describe() const override { return inner_->Describe(); }
+  // The limit of each List call, in order (read once the reflector has synced).
+  std::vector<int64_t> limits_;
+
+ private:
+  std::unique_ptr<ListerWatcher> inner_;
+  std::function<void()> writes_;
+};
+
+TEST_F(ReflectorTest, PagedListExpired_ListsAgainInOnePage) {
+  StartServer({"--history-events=5"});
+  for (int i = 0; i < 6; ++i) Put(kWidgets, absl::StrCat("w", i));
+  auto lw = StoreListerWatcher::Create(stub_, kWidgets, {}, {});
+  ASSERT_TRUE(lw.ok()) << lw.status();
+  auto expiring = std::make_unique<ExpiringListerWatcher>(*std::move(lw), [&] {
+    for (int i = 0; i < 6; ++i) Put(kWidgets, absl::StrCat("late", i));
+  });
+  ExpiringListerWatcher* probe = expiring.get();
+  auto r = Reflector::Create(std::move(expiring), &sink_, FastOptions());  // pages of 2
+  ASSERT_TRUE(r.ok()) << r.status();
+  reflector_ = *std::move(r);
+  reflector_->Start();
+  ASSERT_TRUE(WaitFor([&] { return reflector_->HasSynced(); }));
+  std::map<std::string, std::string> want = ServerContent(kWidgets);
+  EXPECT_EQ(want.size(), 12u);
+  ASSERT_TRUE(WaitFor([&] { return sink_.Content() == want; }))
+      << ::testing::PrintToString(sink_.Log());
+  // One list: a first page of 2, a second page refused (expired), then everything in one page.
+  EXPECT_EQ(reflector_->lists_started(), 1);
+  EXPECT_EQ(reflector_->backoff_waits(), 0);
+  EXPECT_THAT(probe->limits_, ::testing::ElementsAre(2, 2, 0));
+}
+
 TEST_F(ReflectorTest, Relist_AfterTooOldResourceVersion) {
   StartServer({"--history-events=5"});
   Put(kWidgets, "keep");
