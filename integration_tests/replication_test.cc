@@ -51,6 +51,35 @@ class ReplicationTest : public ReplicatorFixture {
   ServerProcess* replica_ = nullptr;
 };
 
+// Status is computed on every reconcile and written only when it changes: with a resync every
+// 100 ms the CCR is reconciled again and again, yet the shard store receives no UpdateStatus (a
+// write of an unchanged status would not change the CCR's resourceVersion, so the store's own
+// request count is what tells); a change of the counts is written.
+TEST_F(ReplicationTest, StatusWrittenOnlyWhenItChanges) {
+  ASSERT_NO_FATAL_FAILURE(StartAll({"--resync-period=100ms"}));
+  ASSERT_NO_FATAL_FAILURE(ReplicateWidgets());
+  const int shard_http = shards_.at("a").process->http_port();
+  const char* kRequests = "shardcache_grpc_requests_total";
+  const std::vector<std::string> kUpdateStatus = {"method=\"UpdateStatus\""};
+  const char* kReconciles = "shardcache_replicator_reconcile_duration_seconds_count";
+  const std::vector<std::string> kCcrs = {"controller=\"clustercachedresources\""};
+  double status_writes = Metric(shard_http, kRequests, kUpdateStatus);
+  ASSERT_GT(status_writes, 0);
+  double reconciles = Metric(replica_->http_port(), kReconciles, kCcrs);
+  absl::SleepFor(absl::Seconds(2));
+  EXPECT_GE(Metric(replica_->http_port(), kReconciles, kCcrs), reconciles + 5)
+      << "the resync reconciles the CCR";
+  EXPECT_EQ(Metric(shard_http, kRequests, kUpdateStatus), status_writes)
+      << "an unchanged status was written again";
+
+  ASSERT_TRUE(CreateIn(shard(), WidgetsGvr(), Widget("w4")).ok());
+  EXPECT_TRUE(WaitForReady("widgets", 4));
+  double counted = Metric(shard_http, kRequests, kUpdateStatus);
+  EXPECT_GT(counted, status_writes);
+  absl::SleepFor(absl::Seconds(1));
+  EXPECT_EQ(Metric(shard_http, kRequests, kUpdateStatus), counted);
+}
+
 // Every change to an object in the shard (create; spec, status, labels and annotations; delete)
 // reaches its copy in the cache, which equals the origin plus metadata.shard and the two
 // annotations. The CCR itself has a copy too; objects of another logical cluster are not
