@@ -204,11 +204,12 @@ void ReplicatorFixture::RestartStore(Store* store) {
 
 std::vector<std::string> ReplicatorFixture::ReplicatorArgs(const std::string& shard_name,
                                                            const std::string& identity,
-                                                           const std::vector<std::string>& extra) {
+                                                           const std::vector<std::string>& extra,
+                                                           const std::string& cache_address) {
   std::vector<std::string> args = {
       "--shard=" + shard_name,
       "--shard-store=" + shards_.at(shard_name).address(),
-      "--cache=" + cache_.address(),
+      "--cache=" + (cache_address.empty() ? cache_.address() : cache_address),
       "--identity=" + identity,
       absl::StrCat("--lease-duration=", absl::FormatDuration(kLeaseDuration)),
       absl::StrCat("--renew-deadline=", absl::FormatDuration(kRenewDeadline)),
@@ -220,9 +221,11 @@ std::vector<std::string> ReplicatorFixture::ReplicatorArgs(const std::string& sh
 
 ServerProcess* ReplicatorFixture::StartReplicator(const std::string& shard_name,
                                                   const std::string& identity,
-                                                  const std::vector<std::string>& extra) {
-  auto p = std::make_unique<ServerProcess>(BinaryPath("shard_replicator/shard_replicator"),
-                                           ReplicatorArgs(shard_name, identity, extra));
+                                                  const std::vector<std::string>& extra,
+                                                  const std::string& cache_address) {
+  auto p =
+      std::make_unique<ServerProcess>(BinaryPath("shard_replicator/shard_replicator"),
+                                      ReplicatorArgs(shard_name, identity, extra, cache_address));
   absl::Status started = p->Start();
   EXPECT_TRUE(started.ok()) << started;
   EXPECT_EQ(p->grpc_port(), 0);

@@ -124,13 +124,16 @@ class ReplicatorFixture : public ::testing::Test {
   // Restarts a stopped store on the same port and reconnects its stub.
   void RestartStore(Store* store);
   // The flags of a replica of `shard` (--shard, --shard-store, --cache, --identity and the short
-  // leader-election timings), then `extra`.
+  // leader-election timings), then `extra`. --cache is `cache_address`, or the fixture's cache
+  // when "" (e.g. a relay in front of the cache instead).
   std::vector<std::string> ReplicatorArgs(const std::string& shard, const std::string& identity,
-                                          const std::vector<std::string>& extra = {});
+                                          const std::vector<std::string>& extra = {},
+                                          const std::string& cache_address = "");
   // Starts a replica of `shard` and returns it (owned by the fixture).
   ServerProcess* StartReplicator(const std::string& shard = "a",
                                  const std::string& identity = "replica-0",
-                                 const std::vector<std::string>& extra = {});
+                                 const std::vector<std::string>& extra = {},
+                                 const std::string& cache_address = "");
 
   v1::Store::Stub* shard(const std::string& name = "a") { return shards_.at(name).stub.get(); }
   v1::Store::Stub* cache() { return cache_.stub.get(); }

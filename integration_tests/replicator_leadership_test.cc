@@ -1,8 +1,9 @@
 // Process-level tests of shard_replicator's leadership: the lease taken away by another holder and
 // handed back (no writes to the cache in between, then convergence); two replicas, with the
 // leader killed (-9) or terminated; a leader paused past its lease while another takes over,
-// whose old epoch the cache then rejects; and a leader fenced by a higher epoch claimed at the
-// cache.
+// whose old epoch the cache then rejects; the same with the paused leader's own write held in
+// flight (by a TCP relay) until after the takeover, then rejected; and a leader fenced by a higher
+// epoch claimed at the cache.
 
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
@@ -11,10 +12,12 @@
 #include <sys/wait.h>
 
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -23,6 +26,7 @@
 #include "integration_tests/refuse_to_start.h"
 #include "integration_tests/replicator_fixture.h"
 #include "integration_tests/store_fixture.h"
+#include "integration_tests/tcp_relay.h"
 #include "integration_tests/watch_reader.h"
 
 namespace shardcache::testing {
@@ -315,6 +319,126 @@ TEST_F(LeadershipTest, PausedLeaderIsFencedAfterTakeover) {
   EXPECT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(claimed.epoch(), static_cast<int64_t>(new_epoch));
   EXPECT_TRUE(WaitForCacheInSync());
+}
+
+// The same takeover, with a real stale write: the leader's write to the cache is held in flight
+// (a relay in front of the cache holds what it sends) while the leader is paused and the standby
+// takes over and writes the same object. The held write then reaches the cache carrying the old
+// epoch: the cache answers it "fenced" and does not apply it; resumed, the old leader stops
+// leading and the cache keeps the new leader's view.
+TEST_F(LeadershipTest, StaleWriteOfAPausedLeaderIsFenced) {
+  ASSERT_NO_FATAL_FAILURE(StartStores());
+  absl::StatusOr<std::unique_ptr<TcpRelay>> relay =
+      TcpRelay::Start("127.0.0.1", cache_.process->grpc_port());
+  ASSERT_TRUE(relay.ok()) << relay.status();
+  TcpRelay& r = **relay;
+  // replica-0 (A) reaches the cache through the relay, and leads; replica-1 (B) reaches it
+  // directly, and stands by.
+  ServerProcess* a = StartReplicator("a", "replica-0", {}, r.address());
+  ASSERT_TRUE(WaitForLeading(a, 1, absl::Seconds(15)));
+  ServerProcess* b = StartReplicator("a", "replica-1");
+  ASSERT_TRUE(
+      Eventually([&] { return absl::StartsWith(HttpGet(b->http_port(), "/readyz"), "200"); },
+                 kConverge, "the standby is ready"));
+  ASSERT_NO_FATAL_FAILURE(ReplicateWidgets());
+  EXPECT_GT(r.connections_accepted(), 0);
+  ASSERT_EQ(Leading(b), 0);
+  double old_epoch = Metric(a->http_port(), kEpoch);
+  ASSERT_GT(old_epoch, 0);
+
+  // Markers that appear verbatim in the writes' bytes (a Struct's string values are not encoded).
+  const std::string era_a = "A-stale-write";
+  const std::string era_b = "B-after-takeover";
+  auto era_of = [](const v1::Object& o) {
+    auto it = o.spec().fields().find("era");
+    return it == o.spec().fields().end() ? std::string() : it->second.string_value();
+  };
+  auto set_era = [&](const std::string& era) {
+    ASSERT_TRUE(Modify(shard(), WidgetsGvr(), kCluster, kNamespace, "w1", [&](v1::Object* o) {
+                  (*o->mutable_spec()->mutable_fields())["era"].set_string_value(era);
+                }).ok());
+  };
+  auto cache_w1 = [&] { return GetFrom(cache(), WidgetsGvr(), "a", kCluster, kNamespace, "w1"); };
+
+  // A's upsert of w1 is sent, and held in the relay; then A is paused with it in flight.
+  r.Hold();
+  ASSERT_NO_FATAL_FAILURE(set_era(era_a));
+  ASSERT_TRUE(Eventually([&] { return r.HeldContains(era_a); }, absl::Seconds(10),
+                         "the leader's upsert of w1 is held in the relay",
+                         [&] { return absl::StrCat(r.held_bytes(), " bytes held"); }));
+  ASSERT_TRUE(a->Pause());
+  std::optional<v1::Object> copy = cache_w1();
+  ASSERT_TRUE(copy.has_value());
+  ASSERT_EQ(era_of(*copy), "") << "the held write reached the cache: " << ToJson(*copy);
+
+  // B takes over (claiming a higher epoch at the cache before it writes) and writes w1.
+  ASSERT_TRUE(WaitForLeading(b, 1, kLeaseDuration + kRetryPeriod * 2.2 + kSlack));
+  double new_epoch = Metric(b->http_port(), kEpoch);
+  EXPECT_GT(new_epoch, old_epoch);
+  ASSERT_NO_FATAL_FAILURE(set_era(era_b));
+  ASSERT_TRUE(Eventually(
+      [&] {
+        copy = cache_w1();
+        return copy.has_value() && era_of(*copy) == era_b;
+      },
+      kConverge, "the new leader's write of w1 reaches the cache",
+      [&] { return copy.has_value() ? ToJson(*copy) : std::string("no copy"); }));
+  const std::string b_rv = copy->metadata().resource_version();
+
+  // Every change to the cache's widgets of shard a after B's write.
+  v1::WatchRequest watch_req = WatchReq(WidgetsGvr(), b_rv);
+  watch_req.set_shard("a");
+  watch_req.set_cluster(kCluster);
+  WatchReader watch(cache(), watch_req);
+
+  // The held write reaches the cache now, with A's old epoch (A is still paused: nothing it does
+  // once resumed can cancel it). What the cache answers is recorded on its way back to A.
+  r.RecordServerToClient();
+  r.Release();
+  EXPECT_TRUE(Eventually([&] { return r.held_bytes() == 0; }, absl::Seconds(2),
+                         "the held bytes are flushed to the cache",
+                         [&] { return absl::StrCat(r.held_bytes(), " bytes held"); }));
+  // The cache rejected it: its answer is a fenced error naming A's epoch. (A's own
+  // shardcache_replicator_fenced_total may or may not count it: once resumed, A's watchdog may end
+  // its term, cancelling the stream, before A reads the answer. So that is not required.)
+  const std::string carries = absl::StrCat("carries epoch ", static_cast<int64_t>(old_epoch));
+  EXPECT_TRUE(Eventually(
+      [&] { return r.RecordedContains("fenced: shard \"a\"") && r.RecordedContains(carries); },
+      absl::Seconds(5), "the cache answers the held write: fenced, " + carries));
+  // And did not apply it: no change to the widgets after B's write, and w1 is B's.
+  std::optional<v1::WatchEvent> e = watch.NextObjectEvent(absl::Seconds(1));
+  EXPECT_FALSE(e.has_value()) << "the stale write changed the cache: " << ToJson(*e);
+  copy = cache_w1();
+  ASSERT_TRUE(copy.has_value());
+  EXPECT_EQ(era_of(*copy), era_b) << ToJson(*copy);
+  EXPECT_EQ(copy->metadata().resource_version(), b_rv) << ToJson(*copy);
+
+  // A resumes: it stops leading, B keeps the lead, and the cache keeps B's view.
+  a->Signal(SIGCONT);
+  EXPECT_TRUE(WaitForLeading(a, 0, kRenewDeadline + kRetryPeriod * 2.2 + kSlack));
+  std::cerr << "the old leader: fenced_total " << Counter(a, kFenced)
+            << ", write_errors_total{FAILED_PRECONDITION} "
+            << Metric(a->http_port(), "shardcache_replicator_write_errors_total",
+                      {"code=\"FAILED_PRECONDITION\""})
+            << "\n";
+  absl::Time end = absl::Now() + absl::Seconds(2);
+  while (absl::Now() < end) {
+    ASSERT_EQ(Leading(a), 0);
+    ASSERT_EQ(Leading(b), 1);
+    absl::SleepFor(absl::Milliseconds(250));
+  }
+  e = watch.NextObjectEvent(absl::Milliseconds(100));
+  EXPECT_FALSE(e.has_value()) << "the cache changed after the takeover: " << ToJson(*e);
+  copy = cache_w1();
+  ASSERT_TRUE(copy.has_value());
+  EXPECT_EQ(copy->metadata().resource_version(), b_rv) << ToJson(*copy);
+  EXPECT_TRUE(WaitForCacheInSync());
+  EXPECT_TRUE(WaitForReady("widgets", 3));
+
+  // A stops (exit 0 on SIGTERM) while the relay it reaches the cache through still runs.
+  int status = a->Stop();
+  EXPECT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << DescribeWaitStatus(status);
 }
 
 // A higher epoch claimed at the cache for the shard while a replica leads: its next write is
