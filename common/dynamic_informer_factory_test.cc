@@ -18,15 +18,18 @@
 #include "common/testing/objects.h"
 #include "common/testing/server_process.h"
 #include "common/testing/status_matchers.h"
+#include "common/testing/wait.h"
 
 namespace shardcache {
 namespace {
 
 using ::shardcache::testing::Gvr;
 
+using ::shardcache::testing::Context;
 using ::shardcache::testing::IsOk;
 using ::shardcache::testing::ServerProcess;
 using ::shardcache::testing::StatusIs;
+using ::shardcache::testing::WaitFor;
 using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -42,22 +45,6 @@ const v1::GroupVersionResource kGadgets = Gvr("example.com", "v1", "gadgets");
 const v1::GroupVersionResource kLeases = Gvr("coordination.shardcache.io", "v1", "leases");
 const v1::GroupVersionResource kDefinitions =
     Gvr("core.shardcache.io", "v1", "resourcedefinitions");
-
-template <typename F>
-bool WaitFor(F cond, absl::Duration timeout = kWait) {
-  absl::Time deadline = absl::Now() + timeout;
-  while (!cond()) {
-    if (absl::Now() >= deadline) return false;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return true;
-}
-
-std::unique_ptr<grpc::ClientContext> Context() {
-  auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  return ctx;
-}
 
 std::string Describe(const ResourceEvent& e) {
   return absl::StrCat(e.type == ResourceEvent::Type::kServed ? "SERVED " : "UNSERVED ",

@@ -22,37 +22,23 @@
 #include "common/testing/objects.h"
 #include "common/testing/server_process.h"
 #include "common/testing/status_matchers.h"
+#include "common/testing/wait.h"
 
 namespace shardcache {
 namespace {
 
+using ::shardcache::testing::Context;
 using ::shardcache::testing::Gvr;
 
 using ::shardcache::testing::ServerProcess;
 using ::shardcache::testing::StatusIs;
+using ::shardcache::testing::WaitFor;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 constexpr absl::Duration kWait = absl::Seconds(20);
 
 const v1::GroupVersionResource kWidgets = Gvr("example.com", "v1", "widgets");
-
-// Polls `cond` every 10 ms until it holds or `timeout` passes.
-template <typename F>
-bool WaitFor(F cond, absl::Duration timeout = kWait) {
-  absl::Time deadline = absl::Now() + timeout;
-  while (!cond()) {
-    if (absl::Now() >= deadline) return false;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return true;
-}
-
-std::unique_ptr<grpc::ClientContext> Context() {
-  auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  return ctx;
-}
 
 // A recording sink: the content it has been given, by name, and a log of what happened.
 class RecordingSink : public ReflectorSink {

@@ -23,15 +23,18 @@
 #include "common/testing/objects.h"
 #include "common/testing/server_process.h"
 #include "common/testing/status_matchers.h"
+#include "common/testing/wait.h"
 
 namespace shardcache {
 namespace {
 
 using ::shardcache::testing::Gvr;
 
+using ::shardcache::testing::Context;
 using ::shardcache::testing::IsOk;
 using ::shardcache::testing::ServerProcess;
 using ::shardcache::testing::StatusIs;
+using ::shardcache::testing::WaitFor;
 using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -43,22 +46,6 @@ constexpr absl::Duration kWait = absl::Seconds(20);
 const v1::GroupVersionResource kWidgets = Gvr("example.com", "v1", "widgets");
 const v1::GroupVersionResource kDefinitions =
     Gvr("core.shardcache.io", "v1", "resourcedefinitions");
-
-template <typename F>
-bool WaitFor(F cond, absl::Duration timeout = kWait) {
-  absl::Time deadline = absl::Now() + timeout;
-  while (!cond()) {
-    if (absl::Now() >= deadline) return false;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return true;
-}
-
-std::unique_ptr<grpc::ClientContext> Context() {
-  auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  return ctx;
-}
 
 std::string Color(const v1::Object& o) {
   auto it = o.spec().fields().find("color");

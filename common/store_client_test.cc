@@ -98,19 +98,10 @@ int64_t Revision(const v1::Object& obj) {
 // The value of shardcache_grpc_requests_total{method, code} in the server's /metrics (0 when the
 // series does not exist yet).
 double RequestCount(int http_port, const std::string& method, const std::string& code) {
-  std::string metrics = HttpGet(http_port, "/metrics");
-  for (absl::string_view line : absl::StrSplit(metrics, '\n')) {
-    if (!absl::StartsWith(line, "shardcache_grpc_requests_total{")) continue;
-    if (!absl::StrContains(line, absl::StrCat("method=\"", method, "\"")) ||
-        !absl::StrContains(line, absl::StrCat("code=\"", code, "\""))) {
-      continue;
-    }
-    double value = 0;
-    std::vector<absl::string_view> parts = absl::StrSplit(line, ' ');
-    EXPECT_TRUE(absl::SimpleAtod(parts.back(), &value)) << line;
-    return value;
-  }
-  return 0;
+  double count = ::shardcache::testing::Metric(
+      http_port, "shardcache_grpc_requests_total",
+      {absl::StrCat("method=\"", method, "\""), absl::StrCat("code=\"", code, "\"")});
+  return count < 0 ? 0 : count;
 }
 
 class StoreClientTest : public ::testing::Test {

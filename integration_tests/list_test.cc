@@ -86,17 +86,6 @@ std::vector<v1::Object> Sorted(std::vector<v1::Object> objects) {
   return objects;
 }
 
-// Polls `cond` every 5 ms until it holds or `timeout` passes.
-template <typename F>
-bool WaitFor(F cond, absl::Duration timeout = absl::Seconds(20)) {
-  absl::Time deadline = absl::Now() + timeout;
-  while (!cond()) {
-    if (absl::Now() >= deadline) return false;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return true;
-}
-
 class ListTest : public StoreFixture {
  protected:
   const v1::GroupVersionResource widgets_ = Gvr("example.com", "v1", "widgets");

@@ -122,34 +122,6 @@ std::string CopyDiff(const v1::Object& origin, const v1::Object& copy, const std
   return ::testing::AssertionSuccess() << what << " after " << absl::Now() - start;
 }
 
-double Metric(int http_port, const std::string& name, const std::vector<std::string>& labels) {
-  std::string page = HttpGet(http_port, "/metrics");
-  if (!absl::StartsWith(page, "200\n")) return -1;
-  double sum = 0;
-  bool found = false;
-  for (absl::string_view line : absl::StrSplit(page, '\n')) {
-    if (!absl::StartsWith(line, name)) continue;
-    absl::string_view rest = line.substr(name.size());
-    absl::string_view label_text;
-    if (absl::StartsWith(rest, "{")) {
-      size_t close = rest.find('}');
-      if (close == absl::string_view::npos) continue;
-      label_text = rest.substr(1, close - 1);
-      rest = rest.substr(close + 1);
-    }
-    if (!absl::StartsWith(rest, " ")) continue;  // another metric whose name starts with `name`
-    bool match = true;
-    for (const std::string& l : labels) match &= absl::StrContains(label_text, l);
-    if (!match) continue;
-    std::vector<absl::string_view> parts = absl::StrSplit(rest.substr(1), ' ');
-    double v = 0;
-    if (!absl::SimpleAtod(parts[0], &v)) continue;
-    sum += v;
-    found = true;
-  }
-  return found ? sum : -1;
-}
-
 // --- RunReplicatorToExit ---
 
 RunResult RunReplicatorToExit(const std::vector<std::string>& args, absl::Duration timeout) {

@@ -94,11 +94,6 @@ std::string CopyDiff(const v1::Object& origin, const v1::Object& copy, const std
                                       const std::string& what,
                                       const std::function<std::string()>& describe = nullptr);
 
-// The value of metric `name` on the process's /metrics page: the sum over every series whose
-// labels contain each of `labels` (e.g. {"code=\"ABORTED\""}); -1 when no series matches or the
-// page cannot be read.
-double Metric(int http_port, const std::string& name, const std::vector<std::string>& labels = {});
-
 // Runs shard_replicator with `args` (after --http-listen=127.0.0.1:0 --port-file=...) until it
 // exits, for at most `timeout`; one that starts serving instead is killed a second later.
 RunResult RunReplicatorToExit(const std::vector<std::string>& args,

@@ -28,12 +28,6 @@ v1::Object Definition(const std::string& group, const std::string& plural, const
   return FromJson<v1::Object>(json);
 }
 
-std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout) {
-  auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  return ctx;
-}
-
 void StoreFixture::StartServer(std::vector<std::string> args) {
   server_ =
       std::make_unique<ServerProcess>(BinaryPath("cache_server/cache_server"), std::move(args));

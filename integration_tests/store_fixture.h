@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "common/testing/objects.h"
 #include "common/testing/server_process.h"
+#include "common/testing/wait.h"
 #include "shardcache/v1/store.grpc.pb.h"
 
 namespace shardcache::testing {
@@ -32,8 +33,6 @@ v1::GroupVersionResource DefinitionGvr();
 // A ResourceDefinition for `plural`.`group`, served in `versions`.
 v1::Object Definition(const std::string& group, const std::string& plural, const std::string& scope,
                       const std::vector<std::string>& versions, bool status_subresource);
-// A client context whose deadline is `timeout` from now.
-std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout = absl::Seconds(10));
 
 class StoreFixture : public ::testing::Test {
  protected:

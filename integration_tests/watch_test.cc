@@ -48,29 +48,6 @@ int64_t Rv(const v1::Object& o) {
   return rv;
 }
 
-// Polls `cond` every 10 ms until it holds or `timeout` passes.
-template <typename F>
-bool WaitFor(F cond, absl::Duration timeout = kWait) {
-  absl::Time deadline = absl::Now() + timeout;
-  while (!cond()) {
-    if (absl::Now() >= deadline) return false;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return true;
-}
-
-// The value of an unlabelled metric on the server's /metrics page, or -1.
-double Metric(int http_port, const std::string& name) {
-  std::string page = HttpGet(http_port, "/metrics");
-  for (absl::string_view line : absl::StrSplit(page, '\n')) {
-    if (absl::StartsWith(line, name + " ")) {
-      double v = -1;
-      if (absl::SimpleAtod(line.substr(name.size() + 1), &v)) return v;
-    }
-  }
-  return -1;
-}
-
 // An object with spec {"n": n}.
 v1::Object Obj(const std::string& cluster, const std::string& ns, const std::string& name,
                const std::map<std::string, std::string>& labels = {}, int n = 0) {

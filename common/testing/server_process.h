@@ -83,6 +83,11 @@ class ServerProcess {
 // A minimal HTTP GET against 127.0.0.1:port; returns "<status code>\n<body>" or an error.
 std::string HttpGet(int port, const std::string& path);
 
+// The value of metric `name` on the process's /metrics page: the sum over every series whose
+// labels contain each of `labels` (e.g. {"code=\"ABORTED\""}); -1 when no series matches or the
+// page cannot be read.
+double Metric(int http_port, const std::string& name, const std::vector<std::string>& labels = {});
+
 }  // namespace shardcache::testing
 
 #endif  // SHARDCACHE_COMMON_TESTING_SERVER_PROCESS_H_
