@@ -47,19 +47,6 @@ using ::testing::HasSubstr;
 
 constexpr absl::Duration kWait = absl::Seconds(10);
 
-::testing::AssertionResult Ok(const grpc::Status& s) {
-  if (s.ok()) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << "gRPC status " << s.error_code() << ": " << s.error_message();
-}
-
-int64_t Rv(const v1::Object& o) {
-  int64_t rv = 0;
-  EXPECT_TRUE(absl::SimpleAtoi(o.metadata().resource_version(), &rv))
-      << "resourceVersion \"" << o.metadata().resource_version() << "\" is not a number";
-  return rv;
-}
-
 // A namespaced object with spec {"n": n}.
 v1::Object Obj(const std::string& name, int n = 0) {
   v1::Object o;

@@ -33,12 +33,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-::testing::AssertionResult Ok(const grpc::Status& s) {
-  if (s.ok()) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << "gRPC status " << s.error_code() << ": " << s.error_message();
-}
-
 // "shard/cluster/namespace/name": an object's key, in the order List sorts by.
 using Key = std::tuple<std::string, std::string, std::string, std::string>;
 

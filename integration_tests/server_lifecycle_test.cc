@@ -41,12 +41,6 @@ using ::testing::StartsWith;
 
 constexpr absl::Duration kWait = absl::Seconds(10);
 
-::testing::AssertionResult Ok(const grpc::Status& s) {
-  if (s.ok()) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << "gRPC status " << s.error_code() << ": " << s.error_message();
-}
-
 v1::WatchRequest WatchWidgets() {
   v1::WatchRequest req;
   *req.mutable_resource() = Gvr("example.com", "v1", "widgets");

@@ -41,13 +41,6 @@ google::protobuf::Struct Struct(const std::string& json) {
   return FromJson<google::protobuf::Struct>(json);
 }
 
-int64_t Rv(const v1::Object& o) {
-  int64_t rv = 0;
-  EXPECT_TRUE(absl::SimpleAtoi(o.metadata().resource_version(), &rv))
-      << "resourceVersion is not a number: " << ToJson(o);
-  return rv;
-}
-
 absl::Time ToTime(const google::protobuf::Timestamp& t) {
   return absl::FromUnixNanos(TimeUtil::TimestampToNanoseconds(t));
 }

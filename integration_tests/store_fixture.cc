@@ -2,12 +2,27 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include "absl/strings/numbers.h"
+
 namespace shardcache::testing {
 
 std::string ToJson(const google::protobuf::Message& m) {
   std::string out;
   (void)google::protobuf::util::MessageToJsonString(m, &out);
   return out;
+}
+
+::testing::AssertionResult Ok(const grpc::Status& s) {
+  if (s.ok()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << "gRPC status " << s.error_code() << ": " << s.error_message();
+}
+
+int64_t Rv(const v1::Object& o) {
+  int64_t rv = 0;
+  EXPECT_TRUE(absl::SimpleAtoi(o.metadata().resource_version(), &rv))
+      << "resourceVersion is not a number: " << ToJson(o);
+  return rv;
 }
 
 v1::GroupVersionResource DefinitionGvr() {

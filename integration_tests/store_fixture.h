@@ -28,6 +28,10 @@ M FromJson(absl::string_view json);
 // Renders a message as one-line JSON.
 std::string ToJson(const google::protobuf::Message& m);
 
+// Success, or a failure that shows the gRPC status: EXPECT_TRUE(Ok(stub->Create(...))).
+::testing::AssertionResult Ok(const grpc::Status& s);
+// An object's resourceVersion as a number (a test failure when it is not one).
+int64_t Rv(const v1::Object& o);
 // The built-in ResourceDefinition resource, core.shardcache.io/v1 resourcedefinitions.
 v1::GroupVersionResource DefinitionGvr();
 // A ResourceDefinition for `plural`.`group`, served in `versions`.
