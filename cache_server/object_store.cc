@@ -121,6 +121,16 @@ absl::Status ValidateKey(const ResourceInfo& info, const std::string& prefix,
   return absl::OkStatus();
 }
 
+// metadata.shard names the shard a copy in the cache came from. A shard store's objects are its
+// own: one with a shard would be a second object beside the one of the same name.
+absl::Status RefuseShardInShardRole(Role role, const std::string& path, const std::string& shard) {
+  if (role != Role::kShard || shard.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(path,
+                   ": Forbidden: a shard store's objects have no shard (it names the origin "
+                   "of a copy in the cache)"));
+}
+
 absl::Status ValidateObject(const ResourceInfo& info, const v1::Object& o) {
   const v1::ObjectMeta& m = o.metadata();
   RETURN_IF_ERROR(ValidateKey(info, "metadata.", m.shard(), m.cluster(), m.namespace_(), m.name()));
@@ -592,6 +602,8 @@ absl::StatusOr<ObjectPtr> ObjectStore::CreateLocked(const ResourceInfo& info,
                                                     v1::Object object, const v1::Fence& fence,
                                                     bool keep_status) {
   RETURN_IF_ERROR(ValidateObject(info, object));
+  RETURN_IF_ERROR(
+      RefuseShardInShardRole(options_.role, "metadata.shard", object.metadata().shard()));
   v1::ObjectMeta& m = *object.mutable_metadata();
   if (m.has_deletion_timestamp()) {
     return absl::InvalidArgumentError(
@@ -662,6 +674,7 @@ absl::StatusOr<ObjectPtr> ObjectStore::UpdateLocked(const v1::UpdateRequest& req
     ASSIGN_OR_RETURN(expected_rv, ParseRevision("metadata.resourceVersion", in.resource_version()));
   }
   RETURN_IF_ERROR(ValidateObject(info, req.object()));
+  RETURN_IF_ERROR(RefuseShardInShardRole(options_.role, "metadata.shard", in.shard()));
   std::string key = ObjectKey(in);
   ObjectPtr cur = CurrentLocked(info.group_resource, key);
   if (cur == nullptr) {
@@ -758,6 +771,7 @@ absl::StatusOr<ObjectStore::DeleteResult> ObjectStore::DeleteLocked(const v1::De
   ASSIGN_OR_RETURN(ResourceInfo info, registry_.Resolve(req.resource()));
   const v1::GroupVersionResource& gvr = req.resource();
   RETURN_IF_ERROR(ValidateKey(info, "", req.shard(), req.cluster(), req.namespace_(), req.name()));
+  RETURN_IF_ERROR(RefuseShardInShardRole(options_.role, "shard", req.shard()));
   int64_t expected_rv = 0;
   if (!req.preconditions().resource_version().empty()) {
     ASSIGN_OR_RETURN(expected_rv, ParseRevision("preconditions.resourceVersion",
