@@ -2,208 +2,115 @@
 
 #include <grpcpp/impl/codegen/proto_utils.h>
 
-#include <deque>
-
 #include "absl/time/clock.h"
+#include "cache_server/request_parser.h"
 #include "cache_server/watch_reactor.h"
+#include "cache_server/write_stream_reactor.h"
 #include "common/grpc_status.h"
 
 namespace shardcache {
 namespace {
 
-// Writes of one Write stream that may be outstanding (applied or answered but not yet sent)
-// before the stream stops reading.
-constexpr size_t kMaxOutstandingWrites = 256;
-
 std::string CodeName(const absl::Status& s) { return absl::StatusCodeToString(s.code()); }
-
-// Finishes a unary call with `status` and records its metrics.
-void Finish(grpc::ServerUnaryReactor* reactor, StoreMetrics* metrics, const char* method,
-            absl::Time start, const absl::Status& status) {
-  metrics->ObserveRequest(method, CodeName(status), absl::ToDoubleSeconds(absl::Now() - start));
-  reactor->Finish(ToGrpcStatus(status));
-}
-
-// A store callback that fills `resp` and finishes the unary call through `reactor`.
-// (CallbackServerContext::DefaultReactor constructs the reactor anew on each call: take it once.)
-ObjectStore::ObjectCallback FinishWithObject(grpc::ServerUnaryReactor* reactor,
-                                             StoreMetrics* metrics, const char* method,
-                                             v1::Object* resp) {
-  return [reactor, metrics, method, resp, start = absl::Now()](absl::StatusOr<ObjectPtr> result) {
-    if (result.ok()) *resp = **result;
-    Finish(reactor, metrics, method, start, result.status());
-  };
-}
 
 }  // namespace
 
-// The server side of one Write stream: reads a write, hands it to the store, and sends the
-// answers in the order of the writes as they complete. At most one read and one write in flight;
-// reading pauses while kMaxOutstandingWrites writes are outstanding. Finish is called only when
-// no store callback is outstanding, so the reactor outlives every callback that refers to it.
-class WriteStreamReactor : public grpc::ServerBidiReactor<v1::WriteRequest, v1::WriteResponse> {
+// One unary call: answered once with Reply, and counted as in flight until gRPC is done with it
+// (its answer sent), so that AwaitIdle does not return while an answer is on its way.
+class StoreService::UnaryCall : public grpc::ServerUnaryReactor {
  public:
-  explicit WriteStreamReactor(StoreService* service) : service_(service) {
-    if (!service_->AddStream(this)) {
-      absl::MutexLock l(&mu_);
-      draining_ = true;
-      MaybeWriteOrFinishLocked();
-      return;
-    }
-    StartRead(&request_);
-  }
+  UnaryCall(StoreService* service, const char* method, grpc::ByteBuffer* response)
+      : service_(service), method_(method), response_(response), start_(absl::Now()) {}
 
-  // The server is shutting down: answer what was taken, then end with UNAVAILABLE.
-  void Drain() {
-    absl::MutexLock l(&mu_);
-    draining_ = true;
-    MaybeWriteOrFinishLocked();
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) {  // the client has sent its last write
-      absl::MutexLock l(&mu_);
-      reads_done_ = true;
-      MaybeWriteOrFinishLocked();
-      return;
+  // Serializes `response` (when `status` is OK and it is given) and finishes the call, recording
+  // its metrics. Called once, from any thread.
+  void Reply(absl::Status status, const google::protobuf::Message* response) {
+    if (status.ok() && response != nullptr) {
+      bool own = false;
+      grpc::Status serialized = grpc::SerializationTraits<google::protobuf::Message>::Serialize(
+          *response, response_, &own);
+      if (!serialized.ok()) status = absl::InternalError(serialized.error_message());
     }
-    Slot* slot;
-    bool draining;
-    {
-      absl::MutexLock l(&mu_);
-      slots_.emplace_back();
-      slot = &slots_.back();  // deque: stays valid while later slots are added
-      ++in_store_;
-      draining = draining_;
-    }
-    auto answer_slot = [this, slot](v1::WriteResponse answer) {
-      absl::MutexLock l(&mu_);
-      slot->answer = std::move(answer);
-      slot->ready = true;
-      --in_store_;
-      MaybeWriteOrFinishLocked();
-    };
-    if (draining) {
-      v1::WriteResponse refused;
-      refused.set_id(request_.id());
-      refused.set_code(static_cast<int>(grpc::StatusCode::UNAVAILABLE));
-      refused.set_message("server shutting down: the write was not applied");
-      answer_slot(std::move(refused));
-      return;  // reads no more
-    }
-    service_->Apply(request_, std::move(answer_slot));
-    absl::MutexLock l(&mu_);
-    if (draining_) return;
-    if (slots_.size() < kMaxOutstandingWrites && !cancelled_) {
-      StartRead(&request_);
-    } else {
-      read_paused_ = true;
-    }
-  }
-
-  void OnWriteDone(bool ok) override {
-    absl::MutexLock l(&mu_);
-    writing_ = false;
-    if (!ok) cancelled_ = true;
-    if (read_paused_ && !cancelled_ && !draining_ && slots_.size() < kMaxOutstandingWrites / 2) {
-      read_paused_ = false;
-      StartRead(&request_);
-    }
-    MaybeWriteOrFinishLocked();
-  }
-
-  void OnCancel() override {
-    absl::MutexLock l(&mu_);
-    cancelled_ = true;
-    MaybeWriteOrFinishLocked();
+    service_->metrics_->ObserveRequest(method_, CodeName(status),
+                                       absl::ToDoubleSeconds(absl::Now() - start_));
+    Finish(ToGrpcStatus(status));
   }
 
   void OnDone() override {
-    service_->RemoveStream(this);
+    StoreService* service = service_;
     delete this;
+    service->EndCall();
   }
 
  private:
-  struct Slot {
-    bool ready = false;
-    v1::WriteResponse answer;
-  };
-
-  void MaybeWriteOrFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (writing_ || finished_) return;
-    if (cancelled_) {
-      if (in_store_ > 0) return;  // finish once the last callback is in
-      finished_ = true;
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled"));
-      return;
-    }
-    if (!slots_.empty() && slots_.front().ready) {
-      out_ = std::move(slots_.front().answer);
-      slots_.pop_front();
-      writing_ = true;
-      StartWrite(&out_);
-      return;
-    }
-    if (draining_ && slots_.empty() && in_store_ == 0) {
-      finished_ = true;
-      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server shutting down"));
-      return;
-    }
-    if (reads_done_ && slots_.empty()) {
-      finished_ = true;
-      Finish(grpc::Status::OK);
-    }
-  }
-
   StoreService* const service_;
-  v1::WriteRequest request_;  // only touched between StartRead and the end of OnReadDone
-  absl::Mutex mu_;
-  std::deque<Slot> slots_ ABSL_GUARDED_BY(mu_);
-  int in_store_ ABSL_GUARDED_BY(mu_) = 0;
-  v1::WriteResponse out_ ABSL_GUARDED_BY(mu_);
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
-  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  bool draining_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  const char* const method_;
+  grpc::ByteBuffer* const response_;
+  const absl::Time start_;
 };
 
 StoreService::StoreService(Options options, ObjectStore* store, WatchCache* watch_cache,
                            StoreMetrics* metrics)
     : options_(options), store_(store), watch_cache_(watch_cache), metrics_(metrics) {}
 
-grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* ctx,
-                                            const v1::GetRequest* req, v1::Object* resp) {
-  absl::Time start = absl::Now();
-  auto result = store_->Get(*req);
-  if (result.ok()) *resp = **result;
-  auto* reactor = ctx->DefaultReactor();
-  Finish(reactor, metrics_, "Get", start, result.status());
-  return reactor;
+StoreService::UnaryCall* StoreService::Begin(const char* method, const grpc::ByteBuffer& raw,
+                                             google::protobuf::Message* req,
+                                             grpc::ByteBuffer* response, bool* admitted) {
+  auto* call = new UnaryCall(this, method, response);
+  bool draining;
+  {
+    absl::MutexLock l(&mu_);
+    ++calls_;
+    draining = shutting_down_;
+  }
+  // (gRPC calls OnDone only after the reactor is returned, so `call` stays valid here.)
+  *admitted = false;
+  if (draining) {
+    call->Reply(absl::UnavailableError("server shutting down"), nullptr);
+    return call;
+  }
+  absl::Status parsed = ParseRequest(raw, req);
+  if (!parsed.ok()) {
+    call->Reply(parsed, nullptr);
+    return call;
+  }
+  *admitted = true;
+  return call;
 }
 
-grpc::ServerUnaryReactor* StoreService::List(grpc::CallbackServerContext* ctx,
-                                             const v1::ListRequest* req, v1::ListResponse* resp) {
-  absl::Time start = absl::Now();
-  auto result = store_->List(*req);
-  if (result.ok()) resp->Swap(&*result);
-  auto* reactor = ctx->DefaultReactor();
-  Finish(reactor, metrics_, "List", start, result.status());
-  return reactor;
+void StoreService::EndCall() {
+  absl::MutexLock l(&mu_);
+  --calls_;
+}
+
+grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext*,
+                                            const grpc::ByteBuffer* raw, grpc::ByteBuffer* resp) {
+  v1::GetRequest req;
+  bool admitted;
+  UnaryCall* call = Begin("Get", *raw, &req, resp, &admitted);
+  if (!admitted) return call;
+  auto result = store_->Get(req);
+  call->Reply(result.status(), result.ok() ? result->get() : nullptr);
+  return call;
+}
+
+grpc::ServerUnaryReactor* StoreService::List(grpc::CallbackServerContext*,
+                                             const grpc::ByteBuffer* raw, grpc::ByteBuffer* resp) {
+  v1::ListRequest req;
+  bool admitted;
+  UnaryCall* call = Begin("List", *raw, &req, resp, &admitted);
+  if (!admitted) return call;
+  auto result = store_->List(req);
+  call->Reply(result.status(), result.ok() ? &*result : nullptr);
+  return call;
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* StoreService::Watch(grpc::CallbackServerContext*,
                                                                 const grpc::ByteBuffer* raw) {
   auto* reactor = new WatchReactor(watch_cache_, metrics_, options_.watch_queue_events);
   v1::WatchRequest req;
-  grpc::ByteBuffer copy(*raw);
-  if (!grpc::SerializationTraits<v1::WatchRequest>::Deserialize(&copy, &req).ok()) {
-    reactor->Reject(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                 "the request is not a shardcache.v1.WatchRequest"));
-    return reactor;
-  }
-  absl::Status started = store_->StartWatch(req, reactor);
+  absl::Status started = ParseRequest(*raw, &req);
+  if (started.ok()) started = store_->StartWatch(req, reactor);
   if (!started.ok()) {
     reactor->Reject(ToGrpcStatus(started));
     return reactor;
@@ -212,76 +119,108 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* StoreService::Watch(grpc::CallbackSe
   return reactor;
 }
 
-grpc::ServerUnaryReactor* StoreService::Create(grpc::CallbackServerContext* ctx,
-                                               const v1::CreateRequest* req, v1::Object* resp) {
-  auto* reactor = ctx->DefaultReactor();
-  store_->CreateAsync(*req, FinishWithObject(reactor, metrics_, "Create", resp));
-  return reactor;
-}
-
-grpc::ServerUnaryReactor* StoreService::Update(grpc::CallbackServerContext* ctx,
-                                               const v1::UpdateRequest* req, v1::Object* resp) {
-  auto* reactor = ctx->DefaultReactor();
-  store_->UpdateAsync(*req, FinishWithObject(reactor, metrics_, "Update", resp));
-  return reactor;
-}
-
-grpc::ServerUnaryReactor* StoreService::UpdateStatus(grpc::CallbackServerContext* ctx,
-                                                     const v1::UpdateRequest* req,
-                                                     v1::Object* resp) {
-  auto* reactor = ctx->DefaultReactor();
-  store_->UpdateStatusAsync(*req, FinishWithObject(reactor, metrics_, "UpdateStatus", resp));
-  return reactor;
-}
-
-grpc::ServerUnaryReactor* StoreService::Delete(grpc::CallbackServerContext* ctx,
-                                               const v1::DeleteRequest* req,
-                                               v1::DeleteResponse* resp) {
-  auto* reactor = ctx->DefaultReactor();
-  store_->DeleteAsync(*req, [reactor, metrics = metrics_, resp,
-                             start = absl::Now()](absl::StatusOr<ObjectStore::DeleteResult> r) {
-    if (r.ok()) {
-      *resp->mutable_object() = *r->object;
-      resp->set_deleted(r->deleted);
-    }
-    Finish(reactor, metrics, "Delete", start, r.status());
+grpc::ServerUnaryReactor* StoreService::Create(grpc::CallbackServerContext*,
+                                               const grpc::ByteBuffer* raw,
+                                               grpc::ByteBuffer* resp) {
+  v1::CreateRequest req;
+  bool admitted;
+  UnaryCall* call = Begin("Create", *raw, &req, resp, &admitted);
+  if (!admitted) return call;
+  store_->CreateAsync(req, [call](absl::StatusOr<ObjectPtr> r) {
+    call->Reply(r.status(), r.ok() ? r->get() : nullptr);
   });
-  return reactor;
+  return call;
 }
 
-grpc::ServerUnaryReactor* StoreService::ClaimEpoch(grpc::CallbackServerContext* ctx,
-                                                   const v1::ClaimEpochRequest* req,
-                                                   v1::ClaimEpochResponse* resp) {
-  auto* reactor = ctx->DefaultReactor();
-  store_->ClaimEpochAsync(
-      *req, [reactor, metrics = metrics_, resp, start = absl::Now()](absl::StatusOr<int64_t> r) {
-        if (r.ok()) resp->set_epoch(*r);
-        Finish(reactor, metrics, "ClaimEpoch", start, r.status());
-      });
-  return reactor;
+grpc::ServerUnaryReactor* StoreService::Update(grpc::CallbackServerContext*,
+                                               const grpc::ByteBuffer* raw,
+                                               grpc::ByteBuffer* resp) {
+  v1::UpdateRequest req;
+  bool admitted;
+  UnaryCall* call = Begin("Update", *raw, &req, resp, &admitted);
+  if (!admitted) return call;
+  store_->UpdateAsync(req, [call](absl::StatusOr<ObjectPtr> r) {
+    call->Reply(r.status(), r.ok() ? r->get() : nullptr);
+  });
+  return call;
+}
+
+grpc::ServerUnaryReactor* StoreService::UpdateStatus(grpc::CallbackServerContext*,
+                                                     const grpc::ByteBuffer* raw,
+                                                     grpc::ByteBuffer* resp) {
+  v1::UpdateRequest req;
+  bool admitted;
+  UnaryCall* call = Begin("UpdateStatus", *raw, &req, resp, &admitted);
+  if (!admitted) return call;
+  store_->UpdateStatusAsync(req, [call](absl::StatusOr<ObjectPtr> r) {
+    call->Reply(r.status(), r.ok() ? r->get() : nullptr);
+  });
+  return call;
+}
+
+grpc::ServerUnaryReactor* StoreService::Delete(grpc::CallbackServerContext*,
+                                               const grpc::ByteBuffer* raw,
+                                               grpc::ByteBuffer* resp) {
+  v1::DeleteRequest req;
+  bool admitted;
+  UnaryCall* call = Begin("Delete", *raw, &req, resp, &admitted);
+  if (!admitted) return call;
+  store_->DeleteAsync(req, [call](absl::StatusOr<ObjectStore::DeleteResult> r) {
+    v1::DeleteResponse out;
+    if (r.ok()) {
+      *out.mutable_object() = *r->object;
+      out.set_deleted(r->deleted);
+    }
+    call->Reply(r.status(), &out);
+  });
+  return call;
+}
+
+grpc::ServerUnaryReactor* StoreService::ClaimEpoch(grpc::CallbackServerContext*,
+                                                   const grpc::ByteBuffer* raw,
+                                                   grpc::ByteBuffer* resp) {
+  v1::ClaimEpochRequest req;
+  bool admitted;
+  UnaryCall* call = Begin("ClaimEpoch", *raw, &req, resp, &admitted);
+  if (!admitted) return call;
+  store_->ClaimEpochAsync(req, [call](absl::StatusOr<int64_t> r) {
+    v1::ClaimEpochResponse out;
+    if (r.ok()) out.set_epoch(*r);
+    call->Reply(r.status(), &out);
+  });
+  return call;
+}
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StoreService::Write(
+    grpc::CallbackServerContext*) {
+  return new WriteStreamReactor(this, metrics_);
 }
 
 bool StoreService::AddStream(WriteStreamReactor* stream) {
-  absl::MutexLock l(&streams_mu_);
+  absl::MutexLock l(&mu_);
   if (shutting_down_) return false;
   streams_.insert(stream);
   return true;
 }
 
 void StoreService::RemoveStream(WriteStreamReactor* stream) {
-  absl::MutexLock l(&streams_mu_);
+  absl::MutexLock l(&mu_);
   streams_.erase(stream);
 }
 
 void StoreService::Shutdown() {
-  absl::MutexLock l(&streams_mu_);
+  // Drain is called under mu_: a stream's OnDone (RemoveStream) waits for it, so no stream is
+  // deleted while it is being drained.
+  absl::MutexLock l(&mu_);
   shutting_down_ = true;
   for (WriteStreamReactor* s : streams_) s->Drain();
 }
 
-grpc::ServerBidiReactor<v1::WriteRequest, v1::WriteResponse>* StoreService::Write(
-    grpc::CallbackServerContext*) {
-  return new WriteStreamReactor(this);
+bool StoreService::AwaitIdle(absl::Duration timeout) {
+  absl::MutexLock l(&mu_);
+  auto idle = [this]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return calls_ == 0 && streams_.empty(); };
+  return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
 }
 
 void StoreService::Apply(const v1::WriteRequest& req, std::function<void(v1::WriteResponse)> done) {

@@ -1,21 +1,32 @@
 // StoreService: the shardcache.v1.Store gRPC service (callback API) over an ObjectStore.
 //
-// Unary reads run inline; unary writes finish through the default reactor once the store reports
-// them durable (from the store's committer thread), so no gRPC thread waits for a disk sync.
-// Watch returns a WatchReactor; Write returns a WriteStreamReactor that applies each write in
-// order and sends the answers in that order as they become durable, pausing reads while too many
-// writes are outstanding. Errors are converted from absl::Status to grpc::Status here, and only
-// here.
+// Every method is registered raw (ByteBuffer in and out) and parses its request itself
+// (request_parser.h), so that a request gRPC could not parse gets INVALID_ARGUMENT saying why,
+// on every method, and an unparsable write of a Write stream gets its own answer; reflection
+// still describes the real message types. Watch events are also serialized once for all
+// watchers (watch_cache.h).
 //
-// Thread-safety: gRPC calls the methods from its own threads, concurrently.
+// Unary reads run inline; unary writes finish once the store reports them durable (from the
+// store's committer thread), so no gRPC thread waits for a disk sync. Watch returns a
+// WatchReactor; Write returns a WriteStreamReactor. Errors are converted from absl::Status to
+// grpc::Status here, and only here.
+//
+// Shutdown: Shutdown() makes new calls fail with UNAVAILABLE and drains the Write streams;
+// AwaitIdle() then waits until no call of the service is in flight, so that the gRPC server can
+// be shut down at once without cutting off an answer.
+//
+// Thread-safety: gRPC calls the methods from its own threads, concurrently; Shutdown and
+// AwaitIdle may be called from any thread.
 #ifndef SHARDCACHE_CACHE_SERVER_STORE_SERVICE_H_
 #define SHARDCACHE_CACHE_SERVER_STORE_SERVICE_H_
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <set>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "cache_server/object_store.h"
 #include "cache_server/store_metrics.h"
 #include "cache_server/watch_cache.h"
@@ -25,10 +36,14 @@ namespace shardcache {
 
 class WriteStreamReactor;
 
-// Watch is a raw method (ByteBuffer in and out) so that events are serialized once for all
-// watchers; every other method is typed.
-class StoreService final
-    : public v1::Store::WithRawCallbackMethod_Watch<v1::Store::CallbackService> {
+// The Store service with every method raw.
+using RawStoreService = v1::Store::WithRawCallbackMethod_Get<v1::Store::WithRawCallbackMethod_List<
+    v1::Store::WithRawCallbackMethod_Watch<v1::Store::WithRawCallbackMethod_Create<
+        v1::Store::WithRawCallbackMethod_Update<v1::Store::WithRawCallbackMethod_UpdateStatus<
+            v1::Store::WithRawCallbackMethod_Delete<v1::Store::WithRawCallbackMethod_Write<
+                v1::Store::WithRawCallbackMethod_ClaimEpoch<v1::Store::Service>>>>>>>>>;
+
+class StoreService final : public RawStoreService {
  public:
   struct Options {
     // Live events that may wait for a slow watcher before it is ended (RESOURCE_EXHAUSTED).
@@ -38,48 +53,63 @@ class StoreService final
   // Not owned; must outlive the service.
   StoreService(Options options, ObjectStore* store, WatchCache* watch_cache, StoreMetrics* metrics);
 
-  grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* ctx, const v1::GetRequest* req,
-                                v1::Object* resp) override;
-  grpc::ServerUnaryReactor* List(grpc::CallbackServerContext* ctx, const v1::ListRequest* req,
-                                 v1::ListResponse* resp) override;
+  grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* List(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                 grpc::ByteBuffer* resp) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Watch(grpc::CallbackServerContext* ctx,
                                                     const grpc::ByteBuffer* req) override;
-  grpc::ServerUnaryReactor* Create(grpc::CallbackServerContext* ctx, const v1::CreateRequest* req,
-                                   v1::Object* resp) override;
-  grpc::ServerUnaryReactor* Update(grpc::CallbackServerContext* ctx, const v1::UpdateRequest* req,
-                                   v1::Object* resp) override;
+  grpc::ServerUnaryReactor* Create(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                   grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* Update(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                   grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* UpdateStatus(grpc::CallbackServerContext* ctx,
-                                         const v1::UpdateRequest* req, v1::Object* resp) override;
-  grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* ctx, const v1::DeleteRequest* req,
-                                   v1::DeleteResponse* resp) override;
-  grpc::ServerBidiReactor<v1::WriteRequest, v1::WriteResponse>* Write(
+                                         const grpc::ByteBuffer* req,
+                                         grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                   grpc::ByteBuffer* resp) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Write(
       grpc::CallbackServerContext* ctx) override;
   grpc::ServerUnaryReactor* ClaimEpoch(grpc::CallbackServerContext* ctx,
-                                       const v1::ClaimEpochRequest* req,
-                                       v1::ClaimEpochResponse* resp) override;
+                                       const grpc::ByteBuffer* req,
+                                       grpc::ByteBuffer* resp) override;
 
   // Applies one write of a Write stream; `done` receives its answer once it is durable (or
   // failed), possibly before Apply returns.
   void Apply(const v1::WriteRequest& req, std::function<void(v1::WriteResponse)> done);
 
-  // Drains every Write stream: each stops applying writes, answers the writes it has taken (a
-  // write read after this is answered UNAVAILABLE), then ends with UNAVAILABLE "server shutting
-  // down". New streams end at once. Call before grpc::Server::Shutdown.
+  // Starts draining: new calls fail with UNAVAILABLE "server shutting down"; each Write stream
+  // stops applying writes, answers the writes it has taken (a write read after this is
+  // answered UNAVAILABLE), then ends with UNAVAILABLE. Call before grpc::Server::Shutdown.
   void Shutdown();
+  // After Shutdown: waits up to `timeout` until no call of this service (unary or Write stream)
+  // is in flight. Returns whether none is. (Watches are drained by WatchCache::Shutdown.)
+  bool AwaitIdle(absl::Duration timeout);
 
-  // For WriteStreamReactor: registration of open streams.
+  // For WriteStreamReactor: registration of open streams. AddStream fails once draining.
   bool AddStream(WriteStreamReactor* stream);
   void RemoveStream(WriteStreamReactor* stream);
 
  private:
+  class UnaryCall;
+
+  // Starts a unary call of `method` that answers into `response`. When the service is draining
+  // or `raw` does not parse into `req`, answers it at once and sets `*admitted` to false;
+  // otherwise the caller answers it with UnaryCall::Reply. The caller returns it to gRPC.
+  UnaryCall* Begin(const char* method, const grpc::ByteBuffer& raw, google::protobuf::Message* req,
+                   grpc::ByteBuffer* response, bool* admitted);
+  void EndCall();
+
   const Options options_;
   ObjectStore* const store_;
   WatchCache* const watch_cache_;
   StoreMetrics* const metrics_;
 
-  absl::Mutex streams_mu_;
-  std::set<WriteStreamReactor*> streams_ ABSL_GUARDED_BY(streams_mu_);
-  bool shutting_down_ ABSL_GUARDED_BY(streams_mu_) = false;
+  absl::Mutex mu_;
+  std::set<WriteStreamReactor*> streams_ ABSL_GUARDED_BY(mu_);
+  // Unary calls started and not yet done.
+  int calls_ ABSL_GUARDED_BY(mu_) = 0;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace shardcache

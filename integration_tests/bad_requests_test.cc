@@ -138,17 +138,42 @@ std::function<void(google::protobuf::Message*)> SetNumber(bool status, const std
   };
 }
 
+// The object of a Create, Update or UpdateStatus request, or of a Write's create.
+v1::Object* MutableObject(google::protobuf::Message* m) {
+  if (auto* c = dynamic_cast<v1::CreateRequest*>(m)) return c->mutable_object();
+  if (auto* u = dynamic_cast<v1::UpdateRequest*>(m)) return u->mutable_object();
+  if (auto* w = dynamic_cast<v1::WriteRequest*>(m)) return w->mutable_create()->mutable_object();
+  return nullptr;
+}
+
 // Replaces the request's object spec with {"a":{"a":...{"a":1}}}, `depth` objects deep.
 std::function<void(google::protobuf::Message*)> NestSpec(int depth) {
   return [depth](google::protobuf::Message* m) {
-    auto* c = dynamic_cast<v1::CreateRequest*>(m);
-    ASSERT_NE(c, nullptr) << "NestSpec needs a CreateRequest";
-    google::protobuf::Struct* s = c->mutable_object()->mutable_spec();
+    v1::Object* obj = MutableObject(m);
+    ASSERT_NE(obj, nullptr) << "NestSpec needs a request with an object";
+    google::protobuf::Struct* s = obj->mutable_spec();
     s->Clear();
     for (int i = 1; i < depth; ++i) {
       s = (*s->mutable_fields())["a"].mutable_struct_value();
     }
     (*s->mutable_fields())["a"].set_number_value(1);
+  };
+}
+
+// Puts bytes that are not UTF-8 in a string field (which JSON cannot say): the name of a Get or
+// Delete, the label selector of a List or Watch, the shard of a claim, the name of an object.
+std::function<void(google::protobuf::Message*)> NotUtf8() {
+  return [](google::protobuf::Message* m) {
+    const std::string bad = "w\xff";
+    if (auto* r = dynamic_cast<v1::GetRequest*>(m)) return r->set_name(bad);
+    if (auto* r = dynamic_cast<v1::DeleteRequest*>(m)) return r->set_name(bad);
+    if (auto* r = dynamic_cast<v1::ListRequest*>(m)) return r->set_label_selector(bad);
+    if (auto* r = dynamic_cast<v1::WatchRequest*>(m)) return r->set_label_selector(bad);
+    if (auto* r = dynamic_cast<v1::ClaimEpochRequest*>(m))
+      return r->mutable_fence()->set_shard(bad);
+    v1::Object* obj = MutableObject(m);
+    ASSERT_NE(obj, nullptr) << "NotUtf8 does not know this request";
+    obj->mutable_metadata()->set_name(bad);
   };
 }
 
@@ -293,14 +318,94 @@ std::vector<BadRequest> Rows() {
        StatusCode::INVALID_ARGUMENT,
        {"status.load: Invalid value", "finite"},
        SetNumber(true, "load", std::numeric_limits<double>::infinity())},
-      // The server allows 24 levels of JSON nesting; deeper is a clear INVALID_ARGUMENT. (Past
-      // about 32 levels gRPC's own parser refuses the request before the server sees it.)
+      // The server allows 24 levels of JSON nesting; deeper is a clear INVALID_ARGUMENT.
       {"Create_SpecNestedTooDeep",
        Rpc::kCreate,
        ObjectRequest(w, Obj("ns1", "w9")),
        StatusCode::INVALID_ARGUMENT,
        {"spec.a.a.a", "nested deeper than 24 levels"},
        NestSpec(28)},
+      // Deeper than gRPC's own parser allows (about 32 levels): parsed by the server, which
+      // names the field; far deeper, the server's parser refuses it, naming the field too.
+      {"Create_SpecNested40Deep",
+       Rpc::kCreate,
+       ObjectRequest(w, Obj("ns1", "w9")),
+       StatusCode::INVALID_ARGUMENT,
+       {"spec.a.a.a", "nested deeper than 24 levels"},
+       NestSpec(40)},
+      {"Create_SpecNested100Deep",
+       Rpc::kCreate,
+       ObjectRequest(w, Obj("ns1", "w9")),
+       StatusCode::INVALID_ARGUMENT,
+       {"object.spec.a.a.a", "nested too deeply to be parsed"},
+       NestSpec(100)},
+      {"Update_SpecNested100Deep",
+       Rpc::kUpdate,
+       ObjectRequest(w, Obj("ns1", "w1")),
+       StatusCode::INVALID_ARGUMENT,
+       {"object.spec.a.a.a", "nested too deeply to be parsed"},
+       NestSpec(100)},
+      {"UpdateStatus_SpecNested100Deep",
+       Rpc::kUpdateStatus,
+       ObjectRequest(w, Obj("ns1", "w2")),
+       StatusCode::INVALID_ARGUMENT,
+       {"object.spec.a.a.a", "nested too deeply to be parsed"},
+       NestSpec(100)},
+      {"Write_CreateSpecNested40Deep",
+       Rpc::kWrite,
+       Write(17, "create", ObjectRequest(w, Obj("ns1", "w9"))),
+       StatusCode::INVALID_ARGUMENT,
+       {"spec.a.a.a", "nested deeper than 24 levels"},
+       NestSpec(40)},
+      {"Write_CreateSpecNested100Deep",
+       Rpc::kWrite,
+       Write(18, "create", ObjectRequest(w, Obj("ns1", "w9"))),
+       StatusCode::INVALID_ARGUMENT,
+       {"create.object.spec.a.a.a", "nested too deeply to be parsed"},
+       NestSpec(100)},
+      // Strings that are not UTF-8 (gRPC's parser refuses them too).
+      {"Create_NameNotUtf8",
+       Rpc::kCreate,
+       ObjectRequest(w, Obj("ns1", "w9")),
+       StatusCode::INVALID_ARGUMENT,
+       {"object.metadata.name: Invalid value: not valid UTF-8"},
+       NotUtf8()},
+      {"Get_NameNotUtf8",
+       Rpc::kGet,
+       KeyRequest(w, "ns1", "w1"),
+       StatusCode::INVALID_ARGUMENT,
+       {"name: Invalid value: not valid UTF-8"},
+       NotUtf8()},
+      {"Delete_NameNotUtf8",
+       Rpc::kDelete,
+       KeyRequest(w, "ns1", "w1"),
+       StatusCode::INVALID_ARGUMENT,
+       {"name: Invalid value: not valid UTF-8"},
+       NotUtf8()},
+      {"List_SelectorNotUtf8",
+       Rpc::kList,
+       absl::StrCat("{", w, "}"),
+       StatusCode::INVALID_ARGUMENT,
+       {"label_selector: Invalid value: not valid UTF-8"},
+       NotUtf8()},
+      {"Watch_SelectorNotUtf8",
+       Rpc::kWatch,
+       absl::StrCat("{", w, "}"),
+       StatusCode::INVALID_ARGUMENT,
+       {"label_selector: Invalid value: not valid UTF-8"},
+       NotUtf8()},
+      {"ClaimEpoch_ShardNotUtf8",
+       Rpc::kClaimEpoch,
+       R"({"fence":{"shard":"a","epoch":"9"}})",
+       StatusCode::INVALID_ARGUMENT,
+       {"fence.shard: Invalid value: not valid UTF-8"},
+       NotUtf8()},
+      {"Write_CreateNameNotUtf8",
+       Rpc::kWrite,
+       Write(19, "create", ObjectRequest(w, Obj("ns1", "w9"))),
+       StatusCode::INVALID_ARGUMENT,
+       {"create.object.metadata.name: Invalid value: not valid UTF-8"},
+       NotUtf8()},
       {"Create_ObjectOverSizeLimit",
        Rpc::kCreate,
        ObjectRequest(w, Obj("ns1", "w9", "", absl::StrCat(R"(,"spec":{"blob":")", blob, R"("})"))),
@@ -813,6 +918,50 @@ TEST(BadRequestTableTest, HasAtLeastThirtyDistinctRows) {
   EXPECT_GE(rows.size(), 30u);
   std::set<std::string> names;
   for (const BadRequest& row : rows) EXPECT_TRUE(names.insert(row.name).second) << row.name;
+}
+
+// ---- Unparsable writes inside a Write stream ----
+
+class WriteStreamBadInputTest : public StoreFixture {};
+
+// [good, 40 levels deep, 100 levels deep, good]: one answer per write, in order, the bad ones
+// refused with the reason, and the stream goes on to apply the last write and end OK.
+TEST_F(WriteStreamBadInputTest, UnparsableWritesBetweenGoodOnes_AreAnsweredInTurn) {
+  StartServer({});
+  const v1::GroupVersionResource w = Gvr("example.com", "v1", "widgets");
+  auto write = [&](int64_t id, const std::string& name, int depth) {
+    v1::WriteRequest req;
+    req.set_id(id);
+    *req.mutable_create()->mutable_resource() = w;
+    *req.mutable_create()->mutable_object() = FromJson<v1::Object>(Obj("ns1", name));
+    if (depth > 0) NestSpec(depth)(&req);
+    return req;
+  };
+  auto ctx = Context(absl::Seconds(30));
+  auto stream = stub_->Write(ctx.get());
+  ASSERT_TRUE(stream->Write(write(1, "w1", 0)));
+  ASSERT_TRUE(stream->Write(write(2, "w2", 40)));
+  ASSERT_TRUE(stream->Write(write(3, "w3", 100)));
+  ASSERT_TRUE(stream->Write(write(4, "w4", 0)));
+  ASSERT_TRUE(stream->WritesDone());
+  std::vector<v1::WriteResponse> answers;
+  v1::WriteResponse answer;
+  while (stream->Read(&answer)) answers.push_back(answer);
+  grpc::Status finished = stream->Finish();
+  EXPECT_TRUE(finished.ok()) << finished.error_code() << ": " << finished.error_message();
+  ASSERT_EQ(answers.size(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(answers[i].id(), i + 1);
+  EXPECT_EQ(answers[0].code(), 0) << answers[0].message();
+  EXPECT_EQ(answers[1].code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_THAT(answers[1].message(), HasSubstr("nested deeper than 24 levels"));
+  EXPECT_EQ(answers[2].code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_THAT(answers[2].message(), HasSubstr("create.object.spec.a.a.a"));
+  EXPECT_THAT(answers[2].message(), HasSubstr("nested too deeply to be parsed"));
+  EXPECT_EQ(answers[3].code(), 0) << answers[3].message();
+  EXPECT_TRUE(Ok(Get(w, "root", "ns1", "w1")));
+  EXPECT_TRUE(Ok(Get(w, "root", "ns1", "w4")));
+  EXPECT_EQ(Get(w, "root", "ns1", "w2").error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Get(w, "root", "ns1", "w3").error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
 }  // namespace
