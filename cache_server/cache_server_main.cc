@@ -186,10 +186,17 @@ int Run(Config config, const std::string& role_name) {
                absl::FormatDuration(config.drain_timeout));
   ready = false;
   server->GetHealthCheckService()->SetServingStatus(false);
+  absl::Time drain_deadline = absl::Now() + config.drain_timeout;
   service.Shutdown();
   size_t left = watch_cache.Shutdown(config.drain_timeout);
   if (left > 0) spdlog::warn("{} watch streams did not end in time", left);
-  server->Shutdown(absl::ToChronoTime(absl::Now() + config.drain_timeout));
+  if (!service.AwaitIdle(drain_deadline - absl::Now())) {
+    spdlog::warn("store calls still in flight at the end of the drain timeout");
+  }
+  // Every store call has been answered: shut down at once. A graceful shutdown would also wait
+  // for each idle client connection to acknowledge the GOAWAY, which a client with no call in
+  // flight may take seconds to do (gRPC C++ clients poll idle connections every 5 s).
+  server->Shutdown(absl::ToChronoTime(absl::Now()));
   http.Stop();
   int64_t revision = store.revision();
   spdlog::info("stopped at revision {}", revision);

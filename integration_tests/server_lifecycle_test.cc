@@ -20,11 +20,13 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -181,7 +183,7 @@ TEST_F(ServerLifecycleTest, Sigterm_WithOnlyWatchesOpen_ExitsWithoutWaitingForTh
   int exit_status = server_->Wait(absl::Seconds(20));
   EXPECT_TRUE(IsExitCode(exit_status, 0)) << DescribeWaitStatus(exit_status);
   // Far below the 60 s drain timeout: the server does not wait for watches to end by
-  // themselves. (gRPC's own connection shutdown with an idle client takes a few seconds.)
+  // themselves.
   EXPECT_LT(absl::Now() - sigterm, absl::Seconds(30));
   for (auto& watch : watches) {
     auto s = watch->WaitForEnd();
@@ -262,6 +264,126 @@ TEST_F(ServerLifecycleTest, PortsOfARunningServer_SecondServerRefusesToStart) {
   // The first server is unharmed.
   EXPECT_THAT(HttpGet(server_->http_port(), "/readyz"), StartsWith("200\n"));
   EXPECT_TRUE(Ok(Create(Gvr("example.com", "v1", "widgets"), Widget("w1"))));
+}
+
+// ---- SIGTERM while clients come and go ----
+
+// Clients that keep opening watches and cancelling them, each on a channel of its own that it
+// then drops, from several threads, until stopped.
+class WatchChurn {
+ public:
+  WatchChurn(std::string address, int threads) {
+    for (int i = 0; i < threads; ++i) {
+      threads_.emplace_back([this, address, i] { Run(address, i); });
+    }
+  }
+  ~WatchChurn() { Stop(); }
+
+  // Watches opened and then cancelled so far.
+  int cancelled() {
+    absl::MutexLock l(&mu_);
+    return cancelled_;
+  }
+  void Stop() {
+    {
+      absl::MutexLock l(&mu_);
+      stop_ = true;
+    }
+    for (auto& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+  }
+
+ private:
+  bool stopping() {
+    absl::MutexLock l(&mu_);
+    return stop_;
+  }
+
+  void Run(const std::string& address, int seed) {
+    for (int round = 0; !stopping(); ++round) {
+      auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+      auto stub = v1::Store::NewStub(channel);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+      auto reader = stub->Watch(&ctx, WatchWidgets());
+      v1::WatchEvent event;
+      // Half of the watches are cancelled once registered (after their initial events), the
+      // others at once, possibly before the server has registered them.
+      if ((round + seed) % 2 == 0) (void)reader->Read(&event);
+      ctx.TryCancel();
+      while (reader->Read(&event)) {
+      }
+      (void)reader->Finish();
+      absl::MutexLock l(&mu_);
+      ++cancelled_;
+    }
+  }
+
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int cancelled_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::thread> threads_;
+};
+
+// A client connected over HTTP/2 that then never reads nor answers: a paused or partitioned
+// client machine.
+class SilentConnection {
+ public:
+  explicit SilentConnection(int port) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    if (connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return;
+    // The client preface and an empty SETTINGS frame.
+    static const char kHello[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\4\0\0\0\0\0";
+    connected_ = write(fd_, kHello, sizeof(kHello) - 1) == static_cast<ssize_t>(sizeof(kHello) - 1);
+  }
+  ~SilentConnection() {
+    if (fd_ >= 0) close(fd_);
+  }
+  bool connected() const { return connected_; }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+};
+
+// A watch cancelled by its client is finished at once, whatever it races with (its
+// registration, the shutdown): nothing waits for the next bookmark (60 s here). And SIGTERM stops
+// the server in well under a second while clients open and cancel watches, one client stays
+// connected with no call in flight, and another never answers at all: once every call is
+// answered, the server does not wait for idle connections to acknowledge its GOAWAY.
+TEST_F(ServerLifecycleTest, Sigterm_WhileClientsComeAndGo_ExitsAtOnce) {
+  StartServer({"--bookmark-interval=60s", "--drain-timeout=60s"});
+  // channel_ stays connected, idle, to the end.
+  ASSERT_TRUE(Ok(Create(Gvr("example.com", "v1", "widgets"), Widget("w1"))));
+  SilentConnection silent(server_->grpc_port());
+  ASSERT_TRUE(silent.connected());
+  {
+    WatchChurn churn(server_->grpc_address(), 6);
+    ASSERT_TRUE(WaitFor([&] { return churn.cancelled() >= 30; }))
+        << "the clients could not open and cancel watches";
+  }
+  EXPECT_TRUE(
+      WaitFor([&] { return Metric(server_->http_port(), "shardcache_store_watchers") == 0; },
+              absl::Seconds(10)))
+      << "cancelled watches are still registered: "
+      << Metric(server_->http_port(), "shardcache_store_watchers");
+
+  WatchChurn churn(server_->grpc_address(), 6);
+  ASSERT_TRUE(WaitFor([&] { return churn.cancelled() >= 30; }));
+  absl::Time sigterm = absl::Now();
+  server_->Signal(SIGTERM);
+  int exit_status = server_->Wait(absl::Seconds(90));
+  absl::Duration took = absl::Now() - sigterm;
+  churn.Stop();
+  EXPECT_TRUE(IsExitCode(exit_status, 0)) << DescribeWaitStatus(exit_status);
+  // Generous for a loaded machine; the drain timeout and the bookmark interval are 60 s, and an
+  // idle gRPC client acknowledges a GOAWAY only at its next poll, up to 5 s later.
+  EXPECT_LT(took, absl::Seconds(2)) << server_->Log();
 }
 
 }  // namespace
