@@ -9,16 +9,20 @@
 #include <gmock/gmock.h>
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <grpcpp/generic/generic_stub.h>
 
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <ostream>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "integration_tests/store_fixture.h"
 
 namespace shardcache::testing {
@@ -962,6 +966,138 @@ TEST_F(WriteStreamBadInputTest, UnparsableWritesBetweenGoodOnes_AreAnsweredInTur
   EXPECT_TRUE(Ok(Get(w, "root", "ns1", "w4")));
   EXPECT_EQ(Get(w, "root", "ns1", "w2").error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(Get(w, "root", "ns1", "w3").error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+grpc::ByteBuffer Buffer(const std::string& bytes) {
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// A Write stream that sends bytes as they are (the generic API), one operation at a time.
+class RawWriteStream {
+ public:
+  explicit RawWriteStream(const std::shared_ptr<grpc::Channel>& channel) : stub_(channel) {
+    ctx_.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    call_ = stub_.PrepareCall(&ctx_, "/shardcache.v1.Store/Write", &cq_);
+    call_->StartCall(this);
+    started_ = Await();
+  }
+  ~RawWriteStream() {
+    cq_.Shutdown();
+    void* tag;
+    bool ok;
+    while (cq_.Next(&tag, &ok)) {
+    }
+  }
+  bool started() const { return started_; }
+  bool Write(const std::string& bytes) {
+    grpc::ByteBuffer b = Buffer(bytes);
+    call_->Write(b, this);
+    return Await();
+  }
+  bool WritesDone() {
+    call_->WritesDone(this);
+    return Await();
+  }
+  std::optional<v1::WriteResponse> Read() {
+    grpc::ByteBuffer b;
+    call_->Read(&b, this);
+    if (!Await()) return std::nullopt;
+    std::vector<grpc::Slice> slices;
+    std::string flat;
+    if (b.Dump(&slices).ok()) {
+      for (const auto& sl : slices)
+        flat.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+    }
+    v1::WriteResponse answer;
+    EXPECT_TRUE(answer.ParseFromString(flat));
+    return answer;
+  }
+  grpc::Status Finish() {
+    grpc::Status status;
+    call_->Finish(&status, this);
+    Await();
+    return status;
+  }
+
+ private:
+  bool Await() {
+    void* tag = nullptr;
+    bool ok = false;
+    EXPECT_TRUE(cq_.Next(&tag, &ok));
+    EXPECT_EQ(tag, this);
+    return ok;
+  }
+
+  grpc::GenericStub stub_;
+  grpc::ClientContext ctx_;
+  grpc::CompletionQueue cq_;
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call_;
+  bool started_ = false;
+};
+
+// A write cut short (not even its id can be read) cannot be answered: the writes before it are
+// answered, then the stream ends with INVALID_ARGUMENT, and nothing after it is applied.
+TEST_F(WriteStreamBadInputTest, WriteWithoutAReadableId_EndsTheStreamWithInvalidArgument) {
+  StartServer({});
+  const v1::GroupVersionResource w = Gvr("example.com", "v1", "widgets");
+  auto write = [&](int64_t id, const std::string& name) {
+    v1::WriteRequest req;
+    req.set_id(id);
+    *req.mutable_create()->mutable_resource() = w;
+    *req.mutable_create()->mutable_object() = FromJson<v1::Object>(Obj("ns1", name));
+    return req.SerializeAsString();
+  };
+  std::string cut = write(2, "w2");
+  cut.pop_back();
+  RawWriteStream stream(channel_);
+  ASSERT_TRUE(stream.started());
+  ASSERT_TRUE(stream.Write(write(1, "w1")));
+  std::optional<v1::WriteResponse> first = stream.Read();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->id(), 1);
+  EXPECT_EQ(first->code(), 0) << first->message();
+  (void)stream.Write(cut);
+  (void)stream.Write(write(3, "w3"));  // may fail: the server may have ended the stream
+  (void)stream.WritesDone();
+  std::optional<v1::WriteResponse> extra = stream.Read();
+  EXPECT_FALSE(extra.has_value()) << "an answer to an unreadable write: " << ToJson(*extra);
+  grpc::Status finished = stream.Finish();
+  EXPECT_EQ(finished.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << finished.error_message();
+  EXPECT_THAT(finished.error_message(),
+              HasSubstr("cannot be parsed as shardcache.v1.WriteRequest"));
+  EXPECT_THAT(finished.error_message(), HasSubstr("id cannot be read"));
+  EXPECT_TRUE(Ok(Get(w, "root", "ns1", "w1")));
+  EXPECT_EQ(Get(w, "root", "ns1", "w2").error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Get(w, "root", "ns1", "w3").error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+// A unary request cut short gets INVALID_ARGUMENT, not UNIMPLEMENTED.
+TEST_F(WriteStreamBadInputTest, UnaryRequestCutShort_IsInvalidArgument) {
+  StartServer({});
+  v1::CreateRequest req;
+  *req.mutable_resource() = Gvr("example.com", "v1", "widgets");
+  *req.mutable_object() = FromJson<v1::Object>(Obj("ns1", "w1"));
+  std::string cut = req.SerializeAsString();
+  cut.pop_back();
+  grpc::GenericStub stub(channel_);
+  grpc::ByteBuffer request = Buffer(cut);
+  grpc::ByteBuffer response;
+  auto ctx = Context();
+  absl::Mutex mu;
+  std::optional<grpc::Status> status;
+  stub.UnaryCall(ctx.get(), "/shardcache.v1.Store/Create", grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) {
+                   absl::MutexLock l(&mu);
+                   status = std::move(s);
+                 });
+  absl::MutexLock l(&mu);
+  auto done = [&]() { return status.has_value(); };
+  ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(20)));
+  EXPECT_EQ(status->error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status->error_message();
+  EXPECT_THAT(status->error_message(),
+              HasSubstr("cannot be parsed as shardcache.v1.CreateRequest"));
+  EXPECT_THAT(status->error_message(), HasSubstr("malformed"));
 }
 
 }  // namespace
