@@ -11,11 +11,13 @@ users and tests need, with only Debian's python3-grpcio and python3-protobuf:
 It knows no application protos. It compiles gRPC's reflection proto (v1alpha, from Debian's
 grpc-proto package) with protoc at run time, asks the server for the files that define each
 symbol and, recursively, their dependencies, builds a descriptor pool from them, and converts
-JSON to requests and responses to JSON with protobuf's json_format. Unary, server-streaming,
+JSON to requests with protobuf's json_format (both spellings of field names, as grpcurl) and
+prints responses exactly as grpcurl 1.9.1 does (message_to_json). Unary, server-streaming,
 client-streaming and bidirectional methods are supported; `-d` may hold several JSON objects
 (one request each, for client streams). Output and exit codes follow grpcurl's: each response as
-indented JSON with proto3 JSON names; on an RPC error "ERROR:\\n  Code: NotFound\\n  Message: ..."
-on stderr and exit code 64 + the gRPC status code; other failures exit 1, usage errors 2.
+JSON indented by two spaces with proto field names ("resource_version"), one after the other
+for a stream; on an RPC error "ERROR:\\n  Code: NotFound\\n  Message: ..." on stderr and exit
+code 64 + the gRPC status code; other failures exit 1, usage errors 2.
 
 Also importable: Client is the machinery (used by reflection_test.py).
 
@@ -23,10 +25,14 @@ Only /usr/bin/python3 with python3-grpcio and python3-protobuf is required, plus
 and /usr/bin/grpc_python_plugin (packages protobuf-compiler and protobuf-compiler-grpc).
 """
 
+import base64
+import decimal
 import importlib
 import json
+import math
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -185,65 +191,196 @@ def json_values_from_text(text):
 
 
 def message_to_json(message, emit_defaults=False):
-    """A message as grpcurl prints it: indented JSON with proto3 JSON names.
+    """A message as grpcurl 1.9.1 prints it, byte for byte (without the trailing newline).
 
-    As Go's protojson (grpcurl's formatter), and unlike this protobuf release's json_format: map
-    and Struct keys are sorted, integral numbers print without a fraction, and non-ASCII text is
-    printed as is.
+    grpcurl marshals with golang/protobuf's jsonpb (OrigName: proto field names such as
+    "resource_version") and indents the result with Go's json.Indent, two spaces. As jsonpb
+    does: fields in the order the message declares them, unset fields left out (with
+    emit_defaults, as grpcurl's -emit-defaults: their zero values, null for messages), int64
+    and uint64 as strings, enums by name, map keys (and so Struct keys) sorted, bytes in base64,
+    floats as Go's encoding/json writes them (3, not 3.0), strings escaped as Go escapes them
+    (<, >, & and U+2028/U+2029 as \\u escapes, other non-ASCII text as is).
     """
-    value = json_format.MessageToDict(message, including_default_value_fields=emit_defaults)
-    value = _like_protojson(message.DESCRIPTOR, value)
-    return json.dumps(value, indent=2, ensure_ascii=False)
+    return _go_json(_message_value(message, emit_defaults))
 
 
-_JSON_VALUE_TYPES = ("google.protobuf.Struct", "google.protobuf.Value",
-                     "google.protobuf.ListValue")
-_FLOAT_TYPES = (descriptor.FieldDescriptor.TYPE_DOUBLE, descriptor.FieldDescriptor.TYPE_FLOAT)
+_INT64_TYPES = (descriptor.FieldDescriptor.TYPE_INT64, descriptor.FieldDescriptor.TYPE_UINT64,
+                descriptor.FieldDescriptor.TYPE_SINT64, descriptor.FieldDescriptor.TYPE_FIXED64,
+                descriptor.FieldDescriptor.TYPE_SFIXED64)
+_WRAPPER_TYPES = frozenset("google.protobuf.%s" % n for n in (
+    "BoolValue", "BytesValue", "StringValue", "Int32Value", "UInt32Value", "FloatValue",
+    "Int64Value", "UInt64Value", "DoubleValue"))
 
 
-def _like_protojson(desc, value):
-    """Rewrites MessageToDict's output for message type desc as Go's protojson prints it."""
-    if desc.full_name in _JSON_VALUE_TYPES:
-        return _json_value_like_protojson(value)
-    if desc.full_name.startswith("google.protobuf.") or not isinstance(value, dict):
-        return value  # Other well-known types have their own JSON forms.
-    fields = {f.json_name: f for f in desc.fields}
-    for key, item in list(value.items()):
-        field = fields.get(key)
-        if field is None:
-            continue
-        if field.message_type is not None and field.message_type.GetOptions().map_entry:
-            entry_value = field.message_type.fields_by_name["value"]
-            value[key] = {k: _field_value_like_protojson(entry_value, item[k])
-                          for k in sorted(item)}
-        elif field.label == field.LABEL_REPEATED:
-            value[key] = [_field_value_like_protojson(field, v) for v in item]
-        else:
-            value[key] = _field_value_like_protojson(field, item)
+class _GoFloat(float):
+    """A float that _go_json writes as Go's encoding/json does (bits: 32 or 64)."""
+
+    def __new__(cls, value, bits):
+        self = float.__new__(cls, value)
+        self.bits = bits
+        return self
+
+
+def _message_value(message, emit_defaults):
+    """A message as a JSON-like value, in jsonpb's field order, for _go_json."""
+    desc = message.DESCRIPTOR
+    name = desc.full_name
+    if name in _WRAPPER_TYPES:
+        return _field_value(desc.fields_by_name["value"], message.value, emit_defaults)
+    if name in ("google.protobuf.Timestamp", "google.protobuf.Duration"):
+        return message.ToJsonString()  # 0, 3, 6 or 9 fractional digits, as jsonpb.
+    if name == "google.protobuf.Struct":
+        return {k: _message_value(message.fields[k], emit_defaults)
+                for k in sorted(message.fields)}
+    if name == "google.protobuf.ListValue":
+        return [_message_value(v, emit_defaults) for v in message.values]
+    if name == "google.protobuf.Value":
+        kind = message.WhichOneof("kind")
+        if kind is None or kind == "null_value":
+            return None
+        if kind == "number_value":
+            return _GoFloat(message.number_value, 64)
+        if kind in ("struct_value", "list_value"):
+            return _message_value(getattr(message, kind), emit_defaults)
+        return getattr(message, kind)
+    if name == "google.protobuf.Any":
+        return json_format.MessageToDict(message, preserving_proto_field_name=True)
+    present = {field.name for field, _ in message.ListFields()}
+    value = {}
+    for field in desc.fields:  # Declaration order, as jsonpb.
+        if field.name in present:
+            value[field.name] = _field_value(field, getattr(message, field.name), emit_defaults)
+        elif emit_defaults and field.containing_oneof is None:
+            if field.label == field.LABEL_REPEATED:
+                value[field.name] = {} if _is_map(field) else []
+            elif field.message_type is not None:
+                value[field.name] = None
+            else:
+                value[field.name] = _field_value(field, field.default_value, emit_defaults)
     return value
 
 
-def _field_value_like_protojson(field, value):
+def _is_map(field):
+    return (field.message_type is not None and field.label == field.LABEL_REPEATED and
+            field.message_type.GetOptions().map_entry)
+
+
+def _field_value(field, value, emit_defaults):
+    if _is_map(field):
+        key_field = field.message_type.fields_by_name["key"]
+        value_field = field.message_type.fields_by_name["value"]
+        keys = sorted(value)
+        return {_map_key(key_field, k): _singular_value(value_field, value[k], emit_defaults)
+                for k in keys}
+    if field.label == field.LABEL_REPEATED:
+        return [_singular_value(field, v, emit_defaults) for v in value]
+    return _singular_value(field, value, emit_defaults)
+
+
+def _map_key(field, key):
+    if field.type == field.TYPE_BOOL:
+        return "true" if key else "false"
+    return str(key)
+
+
+def _singular_value(field, value, emit_defaults):
     if field.message_type is not None:
-        return _like_protojson(field.message_type, value)
-    if field.type in _FLOAT_TYPES:
-        return _number_like_protojson(value)
+        return _message_value(value, emit_defaults)
+    if field.enum_type is not None:
+        if field.enum_type.full_name == "google.protobuf.NullValue":
+            return None
+        enum_value = field.enum_type.values_by_number.get(value)
+        return enum_value.name if enum_value is not None else value
+    if field.type in _INT64_TYPES:
+        return str(value)
+    if field.type == field.TYPE_DOUBLE:
+        return _GoFloat(value, 64)
+    if field.type == field.TYPE_FLOAT:
+        return _GoFloat(value, 32)
+    if field.type == field.TYPE_BYTES:
+        return base64.b64encode(value).decode("ascii")
     return value
 
 
-def _json_value_like_protojson(value):
+def _go_float(value, bits):
+    """A float as Go's encoding/json writes it (strconv 'f' format, 'e' outside [1e-6, 1e21))."""
+    if math.isnan(value):
+        return '"NaN"'
+    if math.isinf(value):
+        return '"Infinity"' if value > 0 else '"-Infinity"'
+    if value == 0:
+        return "-0" if math.copysign(1.0, value) < 0 else "0"
+    if bits == 32:
+        # The shortest text that reads back as the same float32.
+        for precision in range(1, 10):
+            text = "%.*g" % (precision, value)
+            if struct.unpack("f", struct.pack("f", float(text)))[0] == value:
+                break
+        shortest = text
+    else:
+        shortest = repr(value)
+    number = decimal.Decimal(shortest)
+    if 1e-6 <= abs(value) < 1e21:
+        text = format(number, "f")
+        if "." in text:
+            text = text.rstrip("0").rstrip(".")
+        return text
+    # 'e' format: Go writes at least two exponent digits, then encoding/json turns e-07 into e-7.
+    mantissa, exponent = format(number.normalize(), "e").split("e")
+    sign, digits = exponent[0], exponent[1:].lstrip("0") or "0"
+    return "%se%s%s" % (mantissa, sign, digits.zfill(2) if sign == "+" else digits)
+
+
+def _go_string(text):
+    """A JSON string as Go's encoding/json writes it (HTML-safe escaping)."""
+    out = ['"']
+    for c in text:
+        if c == '"':
+            out.append('\\"')
+        elif c == "\\":
+            out.append("\\\\")
+        elif c == "\n":
+            out.append("\\n")
+        elif c == "\r":
+            out.append("\\r")
+        elif c == "\t":
+            out.append("\\t")
+        elif c < " " or c in "<>&\u2028\u2029":
+            out.append("\\u%04x" % ord(c))
+        else:
+            out.append(c)
+    out.append('"')
+    return "".join(out)
+
+
+def _go_json(value, indent=""):
+    """A JSON value as Go's json.Indent(prefix "", indent "  ") lays out compact JSON."""
+    inner = indent + "  "
     if isinstance(value, dict):
-        return {k: _json_value_like_protojson(value[k]) for k in sorted(value)}
+        if not value:
+            return "{}"
+        return "{\n" + ",\n".join(
+            "%s%s: %s" % (inner, _go_string(k), _go_json(v, inner))
+            for k, v in value.items()) + "\n" + indent + "}"
     if isinstance(value, list):
-        return [_json_value_like_protojson(v) for v in value]
-    return _number_like_protojson(value)
-
-
-def _number_like_protojson(value):
-    """1.0 as 1: Go prints integral floats below 1e21 without a fraction or exponent."""
-    if isinstance(value, float) and value.is_integer() and abs(value) < 1e21:
-        return int(value)
-    return value
+        if not value:
+            return "[]"
+        return "[\n" + ",\n".join(inner + _go_json(v, inner) for v in value) + "\n" + indent + "]"
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, _GoFloat):
+        return _go_float(value, value.bits)
+    if isinstance(value, float):
+        return _go_float(value, 64)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return _go_string(value)
+    raise Error("cannot print %r as JSON" % (value,))
 
 
 # ----------------------------------------------------------------------------------------------

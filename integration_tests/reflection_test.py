@@ -344,16 +344,16 @@ class ReflectionTest(unittest.TestCase):
         self.assertEqual(got["spec"], {"color": "blue", "size": 3, "parts": ["a", "b"],
                                        "on": True})
         self.assertTrue(meta["uid"])
-        self.assertGreater(int(meta["resourceVersion"]), 1)
+        self.assertGreater(int(meta["resource_version"]), 1)
         self.assertEqual(meta["generation"], "1")  # int64: a string in proto3 JSON.
-        self.assertRegex(meta["creationTimestamp"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
+        self.assertRegex(meta["creation_timestamp"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
         self.assertNotIn("shard", meta)
 
         listed = self.call("shardcache.v1.Store/List", json.dumps({
             "resource": WIDGETS, "cluster": "root:org",
             "labelSelector": "app=web,tier in (front,back)"}))[0]
         self.assertEqual([i["metadata"]["name"] for i in listed["items"]], ["alpha"])
-        self.assertGreaterEqual(int(listed["resourceVersion"]), int(meta["resourceVersion"]))
+        self.assertGreaterEqual(int(listed["resource_version"]), int(meta["resource_version"]))
         listed = self.call("shardcache.v1.Store/List", json.dumps({
             "resource": WIDGETS, "labelSelector": "app=web"}))[0]
         self.assertEqual([i["metadata"]["name"] for i in listed["items"]], ["alpha", "beta"])
@@ -373,8 +373,62 @@ class ReflectionTest(unittest.TestCase):
         self.assertEqual(events[1]["type"], "BOOKMARK")
         self.assertEqual(
             events[1]["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"], "true")
-        self.assertEqual(events[1]["object"]["metadata"]["resourceVersion"],
-                         listed["resourceVersion"])
+        self.assertEqual(events[1]["object"]["metadata"]["resource_version"],
+                         listed["resource_version"])
+
+    def test_Output_IsGrpcurlsByteForByte(self):
+        # What grpcurl 1.9.1 prints (golang/protobuf's jsonpb with proto names, then Go's
+        # json.Indent): declared field order, sorted map and Struct keys, int64 as strings,
+        # Go's number and string forms, empty objects and lists on one line.
+        try:
+            self.call("shardcache.v1.Store/Create", WIDGETS_DEFINITION)
+        except grpc.RpcError as e:
+            self.assertEqual(e.code(), grpc.StatusCode.ALREADY_EXISTS)
+        request = json.dumps({
+            "resource": WIDGETS,
+            "object": {"metadata": {"cluster": "root:org", "namespace": "default",
+                                    "name": "gamma", "labels": {"b": "two", "a": "one"}},
+                       "spec": {"z": "<a&b>", "a": 1.5, "n": 3, "big": 1e21, "small": 0.000001,
+                                "list": [], "obj": {}, "\u00e9": "\u00fc"}}},
+            ensure_ascii=False)
+        cli = run_grpcurl_lite(["-plaintext", "-max-time", "10", "-d", request,
+                                self.server.address, "shardcache.v1.Store/Create"])
+        self.assertEqual(cli.returncode, 0, cli.stderr)
+        self.assertEqual(normalize_output(cli.stdout, numbers=False), """{
+  "metadata": {
+    "cluster": "root:org",
+    "namespace": "default",
+    "name": "gamma",
+    "uid": "<uid>",
+    "resource_version": "<n>",
+    "generation": "<n>",
+    "creation_timestamp": "<time>",
+    "labels": {
+      "a": "one",
+      "b": "two"
+    }
+  },
+  "spec": {
+    "a": 1.5,
+    "big": 1e+21,
+    "list": [],
+    "n": 3,
+    "obj": {},
+    "small": 0.000001,
+    "z": "\\u003ca\\u0026b\\u003e",
+    "\u00e9": "\u00fc"
+  }
+}
+""")
+        # Requests take both spellings: proto names (label_selector) and JSON names.
+        for selector_field in ("label_selector", "labelSelector"):
+            cli = run_grpcurl_lite([
+                "-plaintext", "-max-time", "10", "-d",
+                json.dumps({"resource": WIDGETS, selector_field: "b=two"}),
+                self.server.address, "shardcache.v1.Store/List"])
+            self.assertEqual(cli.returncode, 0, cli.stderr)
+            self.assertEqual([i["metadata"]["name"] for i in json.loads(cli.stdout)["items"]],
+                             ["gamma"], selector_field)
 
     def test_Errors_HaveGrpcurlsTextAndExitCode(self):
         with self.assertRaises(grpc.RpcError) as caught:
@@ -413,6 +467,17 @@ def readme_commands(text, section_title=README_SECTION):
     fails is the code named by a trailing "# fails: CODE" comment, or None. Comment lines and
     blank lines are skipped.
     """
+    return [(command, fails) for command, fails, _ in readme_examples(text, section_title)]
+
+
+def readme_examples(text, section_title=README_SECTION):
+    """As readme_commands, with what README.md shows each command print: (command, fails, shown).
+
+    shown is the text of the ```json block that directly follows a ```sh block (no other block
+    between them), attached to the last command of that ```sh block: what grpcurl prints on
+    stdout for it, byte for byte but for the values that differ from run to run (see
+    normalize_output). None for a command whose output README.md does not show.
+    """
     start = text.find("\n" + section_title + "\n")
     if start < 0:
         raise AssertionError("README.md has no section %r" % section_title)
@@ -420,33 +485,96 @@ def readme_commands(text, section_title=README_SECTION):
     following = re.search(r"^## ", section, re.M)
     if following:
         section = section[:following.start()]
-    blocks = re.findall(r"^```sh\n(.*?)^```", section, re.M | re.S)
+    examples = []
+    previous = None  # the language of the block before, when it was an ```sh block
+    for language, block in re.findall(r"^```(\w*)\n(.*?)^```", section, re.M | re.S):
+        if language == "json" and previous == "sh" and examples:
+            command, fails, _ = examples[-1]
+            examples[-1] = (command, fails, block)
+        elif language == "sh":
+            examples.extend((c, f, None) for c, f in _block_commands(block))
+        previous = language
+    return examples
+
+
+def _block_commands(block):
     commands = []
-    for block in blocks:
-        lines = block.split("\n")
-        i = 0
-        while i < len(lines):
-            line = lines[i]
+    lines = block.split("\n")
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        i += 1
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        command = [line]
+        while _continues("\n".join(command)) and i < len(lines):
+            command.append(lines[i])
             i += 1
-            if not line.strip() or line.lstrip().startswith("#"):
-                continue
-            command = [line]
-            while _continues("\n".join(command)) and i < len(lines):
+        head = "\n".join(command)
+        fails = _FAILS.search(command[-1])
+        for match in _HEREDOC.finditer(head):
+            terminator = match.group(2)
+            while i < len(lines):
                 command.append(lines[i])
                 i += 1
-            head = "\n".join(command)
-            fails = _FAILS.search(command[-1])
-            for match in _HEREDOC.finditer(head):
-                terminator = match.group(2)
-                while i < len(lines):
-                    command.append(lines[i])
-                    i += 1
-                    if command[-1].strip() == terminator:
-                        break
-                else:
-                    raise AssertionError("heredoc %s never ends in: %s" % (terminator, head))
-            commands.append(("\n".join(command), fails.group(1) if fails else None))
+                if command[-1].strip() == terminator:
+                    break
+            else:
+                raise AssertionError("heredoc %s never ends in: %s" % (terminator, head))
+        commands.append(("\n".join(command), fails.group(1) if fails else None))
     return commands
+
+
+_UID = re.compile(r'"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"')
+_TIME = re.compile(r'"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z"')
+_QUOTED_NUMBER = re.compile(r'"\d+"')
+_IDENTITY = re.compile(r'("holderIdentity": )"[^"]*"')
+_CAPTURE = re.compile(r"^([A-Za-z_][A-Za-z_0-9]*)=\$\(")
+
+
+def normalize_output(text, numbers=True):
+    """grpcurl's output with the values that differ from run to run replaced: uids, times, and
+    (numbers=False) the quoted numbers that depend on how many writes came before (a
+    resourceVersion, a generation)."""
+    text = _UID.sub('"<uid>"', text)
+    text = _TIME.sub('"<time>"', text)
+    text = _IDENTITY.sub(r'\1"<identity>"', text)  # a replica's host name and random suffix
+    if not numbers:
+        text = _QUOTED_NUMBER.sub('"<n>"', text)
+    return text
+
+
+def check_capture(command):
+    """command, followed by a check that the shell variable it captures (VAR=$(...)) is not
+    empty: a pattern that matches nothing in grpcurl's output makes the command fail."""
+    match = _CAPTURE.match(command)
+    if match is None:
+        return command
+    return '%s\n[ -n "$%s" ] || { echo "%s is empty" >&2; false; }' % (
+        command, match.group(1), match.group(1))
+
+
+_MESSAGE = re.compile(r"^\{\n.*?^\}\n", re.M | re.S)
+
+
+def drop_periodic_bookmarks(out):
+    """grpcurl's output of a watch without the periodic BOOKMARK events (those without the
+    initial-events-end annotation), which come every --bookmark-interval whatever happened and
+    so may or may not fall inside a watch of a few seconds. Each message grpcurl prints is an
+    object from a "{" line to a "}" line."""
+    messages = _MESSAGE.findall(out)
+    if "".join(messages) != out:
+        return out  # Not a sequence of messages (or an empty one): leave it as it is.
+    return "".join(m for m in messages if '"type": "BOOKMARK"' not in m or
+                   "k8s.io/initial-events-end" in m)
+
+
+def assert_shown_output(test, shown, out, what, numbers=True):
+    """README.md's shown output of a command is what it printed (see normalize_output), but for
+    the periodic bookmarks of a watch, which README.md leaves out."""
+    test.assertEqual(normalize_output(shown, numbers),
+                     normalize_output(drop_periodic_bookmarks(out), numbers),
+                     "README.md shows another output than grpcurl prints for\n" + what)
 
 
 def _continues(text):
@@ -491,8 +619,11 @@ class ReadmeExamplesTest(unittest.TestCase):
 
     def test_ApiExamples_RunAsDocumented(self):
         with open(ARGS.readme) as f:
-            commands = readme_commands(f.read())
+            examples = readme_examples(f.read())
+        commands = [(c, f) for c, f, _ in examples]
         self.assertGreaterEqual(len(commands), 10, "too few grpcurl examples in README.md")
+        self.assertGreaterEqual(len([s for _, _, s in examples if s is not None]), 5,
+                                "too few outputs shown in README.md's API examples")
         for command, _ in commands:
             self.assertIn("grpcurl ", command)
 
@@ -510,7 +641,7 @@ class ReadmeExamplesTest(unittest.TestCase):
             command = command.replace(DOCUMENTED_SHARD_ADDRESS, self.shard.address)
             command = command.replace(DOCUMENTED_CACHE_ADDRESS, self.cache.address)
             base = os.path.join(out_dir, str(n))
-            script += ["{", command, "} >%s.out 2>%s.err" % (base, base),
+            script += ["{", check_capture(command), "} >%s.out 2>%s.err" % (base, base),
                        "echo $? >%s.rc" % base]
         script_path = os.path.join(out_dir, "examples.sh")
         with open(script_path, "w") as f:
@@ -519,7 +650,7 @@ class ReadmeExamplesTest(unittest.TestCase):
                              timeout=README_SCRIPT_TIMEOUT)
         self.assertEqual(run.returncode, 0, "%s\n%s" % (run.stdout, run.stderr))
 
-        for n, (command, fails) in enumerate(commands):
+        for n, (command, fails, shown) in enumerate(examples):
             base = os.path.join(out_dir, str(n))
             with open(base + ".rc") as f:
                 rc = int(f.read())
@@ -536,6 +667,9 @@ class ReadmeExamplesTest(unittest.TestCase):
                     code = grpcurl_lite.code_from_name(fails)
                     self.assertEqual(rc, grpcurl_lite.STATUS_CODE_OFFSET + code.value[0], what)
                     self.assertIn("Code: %s\n" % grpcurl_lite.code_name(code), err, what)
+                if shown is not None:
+                    # Fresh stores and no replicator: the resourceVersions shown are exact.
+                    assert_shown_output(self, shown, out, what)
 
 
 class _Shell:
@@ -699,7 +833,7 @@ def _ccr_held(t, rc, out, err):
     t.assertEqual(rc, 0)
     answer = _json(out)[0]
     t.assertNotIn("deleted", answer)  # false: proto3 JSON leaves it out
-    t.assertIn("deletionTimestamp", answer["object"]["metadata"])
+    t.assertIn("deletion_timestamp", answer["object"]["metadata"])
 
 
 def _ccr_deletion_watched(t, rc, out, err):
@@ -768,7 +902,8 @@ class ReplicationExamplesTest(unittest.TestCase):
         with open(ARGS.readme) as f:
             text = f.read()
         api_commands = readme_commands(text)
-        commands = readme_commands(text, REPLICATION_SECTION)
+        examples = readme_examples(text, REPLICATION_SECTION)
+        commands = [(c, f) for c, f, _ in examples]
         self.assertEqual(
             [c for c, _ in commands if not re.search(r"\b(grpcurl|curl) ", c)], [],
             "every command of the replication section runs grpcurl or curl")
@@ -796,7 +931,7 @@ class ReplicationExamplesTest(unittest.TestCase):
             # The API examples first, as a reader of README.md runs them, with the replicator
             # writing its lease to the shard store all along.
             for command, fails in api_commands:
-                rc, out, err, _ = shell.run(self.localize(command))
+                rc, out, err, _ = shell.run(check_capture(self.localize(command)))
                 what = "README API command:\n%s\nexit code %d\nstdout:\n%s\nstderr:\n%s" % (
                     command, rc, out[-3000:], err[-3000:])
                 if fails is None:
@@ -805,15 +940,18 @@ class ReplicationExamplesTest(unittest.TestCase):
                     code = grpcurl_lite.code_from_name(fails)
                     self.assertEqual(rc, grpcurl_lite.STATUS_CODE_OFFSET + code.value[0], what)
 
-            for n, ((command, _), (piece, check, eventually)) in enumerate(
-                    zip(commands, REPLICATION_CHECKS)):
+            for n, ((command, _, shown), (piece, check, eventually)) in enumerate(
+                    zip(examples, REPLICATION_CHECKS)):
                 self.assertIn(piece, command, "README replication command %d is not the one "
                               "REPLICATION_CHECKS expects" % (n + 1))
                 deadline = time.monotonic() + EVENTUALLY_TIMEOUT
                 while True:
-                    rc, out, err, base = shell.run(self.localize(command))
+                    rc, out, err, base = shell.run(check_capture(self.localize(command)))
                     try:
                         check(self, rc, out, err)
+                        if shown is not None:
+                            # resourceVersions depend on the replicator's lease renewals.
+                            assert_shown_output(self, shown, out, command, numbers=False)
                         break
                     except (AssertionError, KeyError, IndexError, ValueError) as e:
                         if eventually and time.monotonic() < deadline:
