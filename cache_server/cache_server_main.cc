@@ -135,6 +135,7 @@ int Run(Config config, const std::string& role_name) {
   config.store.storage = storage->get();
 
   auto registry = std::make_shared<prometheus::Registry>();
+  RegisterBuildInfo(*registry);
   StoreMetrics metrics(registry);
   WatchCache watch_cache(config.watch, &metrics);
   ObjectStore store(config.store, &watch_cache, &metrics, *std::move(state));
@@ -207,12 +208,13 @@ int Run(Config config, const std::string& role_name) {
 }  // namespace shardcache
 
 int main(int argc, char** argv) {
-  shardcache::InitServerMain(
+  absl::Status flags = shardcache::InitServerMain(
       argc, argv,
       "the shardcache object store.\n\n"
       "  cache_server --role=cache --listen=127.0.0.1:7070 --http-listen=127.0.0.1:8070\n"
       "  cache_server --role=shard --listen=127.0.0.1:7071 --http-listen=127.0.0.1:8071\n\n"
       "Flags may be spelt with dashes or underscores (--http-listen, --http_listen).");
+  if (!flags.ok()) return shardcache::Refuse(flags);
   absl::StatusOr<shardcache::Config> config = shardcache::ConfigFromFlags();
   if (!config.ok()) return shardcache::Refuse(config.status());
   absl::Status logging = shardcache::InitLogging("cache_server", absl::GetFlag(FLAGS_log_level));

@@ -1,14 +1,73 @@
 #include "common/flags.h"
 
+#include <prometheus/gauge.h>
+
 #include <string>
 #include <vector>
 
+#include "absl/flags/commandlineflag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/signals.h"
 
+#ifndef SHARDCACHE_VERSION
+#define SHARDCACHE_VERSION "unknown"
+#endif
+#ifndef SHARDCACHE_COMMIT
+#define SHARDCACHE_COMMIT "unknown"
+#endif
+
 namespace shardcache {
+namespace {
+
+// "--name-with-dashes", as the flag is documented.
+std::string Display(absl::string_view name) {
+  return absl::StrCat("--", absl::StrReplaceAll(name, {{"_", "-"}}));
+}
+
+// Flags that Abseil's parser handles itself: their values name files or other flags, or they are
+// its usage flags (--help, --version, ...), which are not in the flag registry.
+bool HandledByParser(absl::string_view name) {
+  for (absl::string_view special :
+       {"flagfile", "fromenv", "tryfromenv", "undefok", "help", "helpfull", "helpshort",
+        "helppackage", "version", "only_check_args", "helpon", "helpmatch"}) {
+    if (name == special) return true;
+  }
+  return false;
+}
+
+// Those of them that take a value.
+bool TakesValue(absl::string_view name) {
+  return name == "flagfile" || name == "fromenv" || name == "tryfromenv" || name == "undefok" ||
+         name == "helpon" || name == "helpmatch";
+}
+
+// A source file's name as --help shows it: "cache_server/cache_server_main.cc", whatever the
+// build tree's path ("../../cache_server/...", "/tmp/build/src/cache_server/...").
+std::string NormalizeFilename(absl::string_view file) {
+  size_t absl_at = file.rfind("absl/");
+  if (absl_at != absl::string_view::npos && (absl_at == 0 || file[absl_at - 1] == '/')) {
+    return std::string(file.substr(absl_at));
+  }
+  size_t last = file.rfind('/');
+  if (last == absl::string_view::npos || last == 0) return std::string(file);
+  size_t before = file.rfind('/', last - 1);
+  return std::string(before == absl::string_view::npos ? file : file.substr(before + 1));
+}
+
+// --help lists the flags of shardcache's own files (Abseil's own are in --helpfull).
+bool OwnFlags(absl::string_view file) {
+  return !absl::StartsWith(NormalizeFilename(file), "absl/");
+}
+
+}  // namespace
 
 char** NormalizeFlagNames(int argc, char** argv) {
   static auto* storage = new std::vector<std::string>();
@@ -32,11 +91,91 @@ char** NormalizeFlagNames(int argc, char** argv) {
   return pointers->data();
 }
 
-void InitServerMain(int argc, char** argv, const char* usage) {
+absl::Status CheckCommandLine(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") {
+      if (i + 1 < argc) {
+        return absl::InvalidArgumentError(absl::StrCat("unexpected argument \"", argv[i + 1],
+                                                       "\" (this program takes flags only)"));
+      }
+      break;
+    }
+    if (arg.size() < 2 || arg[0] != '-') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unexpected argument \"", arg, "\" (this program takes flags only)"));
+    }
+    arg.remove_prefix(absl::StartsWith(arg, "--") ? 2 : 1);
+    absl::string_view name = arg;
+    absl::string_view value;
+    bool has_value = false;
+    if (size_t eq = arg.find('='); eq != absl::string_view::npos) {
+      name = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+      has_value = true;
+    }
+    if (HandledByParser(name)) {
+      if (!has_value && TakesValue(name)) ++i;
+      continue;
+    }
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && !has_value && absl::StartsWith(name, "no")) {
+      absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
+      if (negated != nullptr && negated->IsOfType<bool>()) continue;  // --nosync
+    }
+    if (flag == nullptr || flag->IsRetired()) {
+      return absl::InvalidArgumentError(absl::StrCat(Display(name), ": unknown flag"));
+    }
+    if (!has_value) {
+      if (flag->IsOfType<bool>()) continue;  // --sync
+      if (i + 1 >= argc) {
+        return absl::InvalidArgumentError(absl::StrCat(Display(name), ": missing value"));
+      }
+      value = argv[++i];
+    }
+    // A copy of the flag's parsing, on the flag itself: absl::ParseCommandLine sets it again.
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Display(name), ": invalid value \"", value, "\": ", error));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InitServerMain(int argc, char** argv, const char* usage) {
   BlockTerminationSignals();
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   absl::SetProgramUsageMessage(usage);
-  absl::ParseCommandLine(argc, NormalizeFlagNames(argc, argv));
+  std::string program = argc > 0 ? argv[0] : "shardcache";
+  program = program.substr(program.rfind('/') + 1);  // npos + 1 == 0: all of it
+  absl::FlagsUsageConfig config;
+  config.contains_helpshort_flags = OwnFlags;
+  config.contains_help_flags = OwnFlags;
+  config.normalize_filename = NormalizeFilename;
+  config.version_string = [program]() { return VersionText(program) + "\n"; };
+  absl::SetFlagsUsageConfig(config);
+  char** normalized = NormalizeFlagNames(argc, argv);
+  absl::Status checked = CheckCommandLine(argc, normalized);
+  if (!checked.ok()) return checked;
+  absl::ParseCommandLine(argc, normalized);
+  return absl::OkStatus();
+}
+
+const char* BuildVersion() { return SHARDCACHE_VERSION; }
+const char* BuildCommit() { return SHARDCACHE_COMMIT; }
+
+std::string VersionText(const std::string& program) {
+  return absl::StrCat(program, " ", BuildVersion(), " (commit ", BuildCommit(), ")");
+}
+
+void RegisterBuildInfo(prometheus::Registry& registry) {
+  prometheus::BuildGauge()
+      .Name("shardcache_build_info")
+      .Help("1, labelled with the version and the git commit this binary was built from")
+      .Register(registry)
+      .Add({{"version", BuildVersion()}, {"commit", BuildCommit()}})
+      .Set(1);
 }
 
 }  // namespace shardcache

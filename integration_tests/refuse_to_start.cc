@@ -33,6 +33,7 @@ RunResult RunToExit(const std::string& binary, const std::vector<std::string>& l
   std::string dir = MakeTempDir("refuse");
   std::string port_file = dir + "/ports";
   std::string log = dir + "/stderr.log";
+  std::string out = dir + "/stdout.log";
   std::vector<std::string> argv = {BinaryPath(binary)};
   argv.insert(argv.end(), leading_args.begin(), leading_args.end());
   argv.push_back("--port-file=" + port_file);
@@ -41,6 +42,8 @@ RunResult RunToExit(const std::string& binary, const std::vector<std::string>& l
   if (pid == 0) {
     int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd >= 0) dup2(fd, STDERR_FILENO);
+    int out_fd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (out_fd >= 0) dup2(out_fd, STDOUT_FILENO);
     std::vector<char*> cargv;
     for (auto& a : argv) cargv.push_back(a.data());
     cargv.push_back(nullptr);
@@ -70,11 +73,19 @@ RunResult RunToExit(const std::string& binary, const std::vector<std::string>& l
   }
   struct stat st;
   r.wrote_port_file = stat(port_file.c_str(), &st) == 0;
-  std::ifstream in(log);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  r.stderr_text = ss.str();
+  auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  r.stderr_text = read(log);
+  r.stdout_text = read(out);
   return r;
+}
+
+int ExitCode(const RunResult& r) {
+  return r.wait_status != -1 && WIFEXITED(r.wait_status) ? WEXITSTATUS(r.wait_status) : -1;
 }
 
 RunResult RunCacheServer(const std::vector<std::string>& args, absl::Duration timeout) {

@@ -20,6 +20,7 @@ struct RunResult {
   std::string program;   // the binary's name, e.g. "cache_server"
   int wait_status = -1;  // as from waitpid; -1: it did not exit by itself
   std::string stderr_text;
+  std::string stdout_text;
   bool wrote_port_file = false;
 };
 
@@ -34,6 +35,9 @@ RunResult RunToExit(const std::string& binary, const std::vector<std::string>& l
 // that starts instead gets one second to change its mind and is then killed.
 RunResult RunCacheServer(const std::vector<std::string>& args,
                          absl::Duration timeout = absl::Seconds(15));
+
+// The exit code of a run that exited by itself, else -1.
+int ExitCode(const RunResult& r);
 
 // Checks that a run refused to start: exit code `exit_code` (any non-zero one when -1), no port
 // file, and a stderr line that starts "<program>: refusing to start:" and mentions each of

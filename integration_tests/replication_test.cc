@@ -86,6 +86,7 @@ TEST_F(ReplicationTest, StatusWrittenOnlyWhenItChanges) {
 // replicated.
 TEST_F(ReplicationTest, CreateUpdateAndDeleteReachTheCache) {
   ASSERT_NO_FATAL_FAILURE(StartAll());
+  EXPECT_EQ(Metric(replica_->http_port(), "shardcache_build_info", {"version=\"", "commit=\""}), 1);
   ASSERT_TRUE(CreateIn(shard(), CcrGvr(), Ccr("widgets")).ok());
   ASSERT_TRUE(WaitForReady("widgets", 0));
   // The replicator put its finalizer on the CCR.
@@ -514,6 +515,46 @@ TEST(ReplicatorFlagsTest, RefusesToStartWithBadFlags) {
     SCOPED_TRACE("no workers");
     ExpectBadFlagRefused(RunReplicatorToExit(with({"--workers=0"})), "--workers:");
   }
+  {
+    SCOPED_TRACE("an unknown flag");
+    ExpectBadFlagRefused(RunReplicatorToExit(with({"--bogus-flag"})), "--bogus-flag: unknown flag");
+  }
+  {
+    SCOPED_TRACE("a value that does not parse");
+    ExpectBadFlagRefused(RunReplicatorToExit(with({"--lease-duration=long"})),
+                         "--lease-duration: invalid value");
+  }
+}
+
+// A bad timing is refused before anything starts: no informer has tried its list (the stores
+// named do not exist, so one that had would have logged "list failed").
+TEST(ReplicatorFlagsTest, LeaseNotAboveRenewDeadline_RefusedBeforeInformersStart) {
+  for (std::vector<std::string> timing :
+       {std::vector<std::string>{"--lease-duration=3s", "--renew-deadline=5s"},
+        std::vector<std::string>{"--renew-deadline=2s", "--retry-period=2s"},
+        std::vector<std::string>{"--retry-period=0s"}}) {
+    SCOPED_TRACE(absl::StrJoin(timing, " "));
+    std::vector<std::string> args = {"--shard=a", "--shard-store=127.0.0.1:1",
+                                     "--cache=127.0.0.1:2"};
+    args.insert(args.end(), timing.begin(), timing.end());
+    RunResult r = RunReplicatorToExit(args);
+    ExpectBadFlagRefused(r, "--");
+    EXPECT_THAT(r.stderr_text, ::testing::Not(::testing::HasSubstr("list"))) << r.stderr_text;
+    EXPECT_THAT(r.stderr_text.substr(0, r.stderr_text.find('\n')),
+                ::testing::StartsWith("shard_replicator: refusing to start:"))
+        << "something was logged before the refusal:\n"
+        << r.stderr_text;
+  }
+}
+
+TEST(ReplicatorFlagsTest, Version_PrintsVersionAndCommit) {
+  RunResult r = RunReplicatorToExit({"--version"});
+  EXPECT_EQ(ExitCode(r), 0) << r.stderr_text;
+  EXPECT_THAT(r.stdout_text, ::testing::MatchesRegex("shard_replicator [0-9]+\\.[0-9]+\\.[0-9]+ "
+                                                     "\\(commit ([0-9a-f]+|unknown)\\)\n"));
+  RunResult help = RunReplicatorToExit({"--help"});
+  EXPECT_THAT(help.stdout_text,
+              ::testing::HasSubstr("Flags from shard_replicator/shard_replicator_main.cc:\n"));
 }
 
 }  // namespace

@@ -39,6 +39,8 @@ namespace shardcache::testing {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 constexpr absl::Duration kWait = absl::Seconds(10);
@@ -103,6 +105,7 @@ TEST_F(ServerLifecycleTest, Health_WhileServing_HttpAndGrpcReportServing) {
   EXPECT_THAT(HttpGet(server_->http_port(), "/healthz"), StartsWith("200\n"));
   EXPECT_THAT(HttpGet(server_->http_port(), "/readyz"), StartsWith("200\n"));
   EXPECT_THAT(HttpGet(server_->http_port(), "/metrics"), HasSubstr("shardcache_store_revision"));
+  EXPECT_EQ(Metric(server_->http_port(), "shardcache_build_info", {"version=\"", "commit=\""}), 1);
 
   std::string response;
   ASSERT_TRUE(Ok(HealthCheck(channel_, "", &response)));
@@ -220,6 +223,28 @@ class BusyPort {
 };
 
 TEST(RefuseToStartTest, BadRole) { ExpectRefused(RunCacheServer({"--role=primary"}), "--role"); }
+
+// Abseil's parser would exit 1 with its own message: every bad flag takes the one path.
+TEST(RefuseToStartTest, UnknownOrUnparsableFlag_ExitsTwoNamingIt) {
+  ExpectRefused(RunCacheServer({"--bogus-flag=1"}), "--bogus-flag: unknown flag", 2);
+  ExpectRefused(RunCacheServer({"--history-events=many"}), "--history-events: invalid value", 2);
+  ExpectRefused(RunCacheServer({"--sync=perhaps"}), "--sync: invalid value", 2);
+  ExpectRefused(RunCacheServer({"--data-dir"}), "--data-dir: missing value", 2);
+  ExpectRefused(RunCacheServer({"stray"}), "unexpected argument \"stray\"", 2);
+}
+
+TEST(RefuseToStartTest, HelpAndVersion_PrintWithoutBuildPaths) {
+  RunResult help = RunCacheServer({"--help"});
+  EXPECT_THAT(help.stdout_text, HasSubstr("Flags from cache_server/cache_server_main.cc:\n"));
+  EXPECT_THAT(help.stdout_text, HasSubstr("--history_events"));
+  EXPECT_THAT(help.stdout_text, Not(HasSubstr("../"))) << help.stdout_text;
+  EXPECT_FALSE(help.wrote_port_file);
+  RunResult version = RunCacheServer({"--version"});
+  EXPECT_EQ(ExitCode(version), 0) << version.stderr_text;
+  EXPECT_THAT(version.stdout_text, MatchesRegex("cache_server [0-9]+\\.[0-9]+\\.[0-9]+ "
+                                                "\\(commit ([0-9a-f]+|unknown)\\)\n"));
+  EXPECT_FALSE(version.wrote_port_file);
+}
 
 TEST(RefuseToStartTest, BadListenAddress) {
   for (const char* listen : {"--listen=nonsense", "--listen=127.0.0.1:99999", "--listen=:7070",

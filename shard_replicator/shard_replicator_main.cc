@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
 #include "common/http_server.h"
+#include "common/leader_elector.h"
 #include "common/logging.h"
 #include "common/port_file.h"
 #include "common/signals.h"
@@ -52,6 +53,32 @@ int Refuse(const absl::Status& status) {
   return 2;
 }
 
+// The leader election timings, checked before anything starts (informers, HTTP): the lease
+// outlives the renew deadline, which outlives a retry period (with its jitter), as client-go's
+// leader election requires.
+absl::Status CheckLeaseFlags() {
+  absl::Duration lease = absl::GetFlag(FLAGS_lease_duration);
+  absl::Duration renew = absl::GetFlag(FLAGS_renew_deadline);
+  absl::Duration retry = absl::GetFlag(FLAGS_retry_period);
+  for (auto [name, d] : {std::pair{"--lease-duration", lease}, std::pair{"--renew-deadline", renew},
+                         std::pair{"--retry-period", retry}}) {
+    if (d <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": must be positive"));
+    }
+  }
+  if (lease <= renew) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--lease-duration (", absl::FormatDuration(lease),
+        ") must be greater than --renew-deadline (", absl::FormatDuration(renew), ")"));
+  }
+  if (renew <= retry * LeaderElector::kJitterFactor) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--renew-deadline (", absl::FormatDuration(renew),
+        ") must be greater than 1.2 times --retry-period (", absl::FormatDuration(retry), ")"));
+  }
+  return absl::OkStatus();
+}
+
 std::string DefaultIdentity() {
   char host[256] = {0};
   if (gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') {
@@ -80,6 +107,7 @@ int Run() {
   options.workers = absl::GetFlag(FLAGS_workers);
   options.resync_period = absl::GetFlag(FLAGS_resync_period);
   auto registry = std::make_shared<prometheus::Registry>();
+  RegisterBuildInfo(*registry);
   options.registry = registry;
   std::string http_listen = absl::GetFlag(FLAGS_http_listen);
   absl::StatusOr<std::pair<std::string, int>> http_address =
@@ -125,11 +153,14 @@ int Run() {
 }  // namespace shardcache
 
 int main(int argc, char** argv) {
-  shardcache::InitServerMain(
+  absl::Status flags = shardcache::InitServerMain(
       argc, argv,
       "replicates the objects that a shard's ClusterCachedResources select into the cache.\n\n"
       "  shard_replicator --shard=a --shard-store=127.0.0.1:7071 --cache=127.0.0.1:7070\n\n"
       "Flags may be spelt with dashes or underscores (--shard-store, --shard_store).");
+  if (!flags.ok()) return shardcache::Refuse(flags);
+  flags = shardcache::CheckLeaseFlags();
+  if (!flags.ok()) return shardcache::Refuse(flags);
   absl::Status logging =
       shardcache::InitLogging("shard_replicator", absl::GetFlag(FLAGS_log_level));
   if (!logging.ok()) return shardcache::Refuse(logging);
