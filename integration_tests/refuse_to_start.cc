@@ -89,8 +89,12 @@ int ExitCode(const RunResult& r) {
 }
 
 RunResult RunCacheServer(const std::vector<std::string>& args, absl::Duration timeout) {
+  // A data directory of its own (an explicit --data-dir in `args` comes later and wins), so that
+  // runs in parallel never meet on the default directory's lock.
   return RunToExit("cache_server/cache_server",
-                   {"--listen=127.0.0.1:0", "--http-listen=127.0.0.1:0"}, args, timeout);
+                   {"--listen=127.0.0.1:0", "--http-listen=127.0.0.1:0",
+                    "--data-dir=" + MakeTempDir("refuse-data") + "/data"},
+                   args, timeout);
 }
 
 void ExpectRefused(const RunResult& r, const std::vector<std::string>& mentions, int exit_code) {
