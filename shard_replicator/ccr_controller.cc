@@ -260,22 +260,34 @@ void CcrController::SyncCopy(const std::string& cluster, const std::string& name
     del.set_cluster(cluster);
     del.set_name(name);
   }
-  // The copies informer sees the result and enqueues the CCR again if it still differs; a write
-  // that fails is retried on the CCR's next reconcile (the resync, at the latest).
+  // The copies informer sees the result and enqueues the CCR again if it still differs.
   std::string key = CcrKey(cluster, name);
   WorkQueue* queue = queue_.get();
-  (void)options_.writer->Write(std::move(request),
-                               [queue, key](const absl::Status& s, const v1::WriteResponse&) {
-                                 if (!s.ok() && !absl::IsCancelled(s) && !absl::IsNotFound(s)) {
-                                   queue->AddRateLimited(key);
-                                 }
-                               });
+  CacheWriter* writer = options_.writer;
+  // Never dropped while the term lasts: retried with backoff, or as soon as the cache can be
+  // reached again.
+  auto retry = [queue, writer, key](const absl::Status& s) {
+    if (s.ok() || absl::IsNotFound(s) || writer->Stopped()) return;
+    if (absl::IsUnavailable(s)) {
+      writer->WhenAvailable([queue, key] {
+        queue->Forget(key);
+        queue->Add(key);
+      });
+    } else {
+      queue->AddRateLimited(key);
+    }
+  };
+  absl::Status sent = options_.writer->Write(
+      std::move(request), [retry](const absl::Status& s, const v1::WriteResponse&) { retry(s); });
+  if (!sent.ok()) retry(sent);
 }
 
 absl::StatusOr<v1::Object> CcrController::WriteStatus(const v1::Object& ccr,
                                                       const CcrState& state) {
-  google::protobuf::Struct status = CcrStatusStruct(state, ccr.status(), options_.clock->Now());
+  absl::Time now = options_.clock->Now();
+  google::protobuf::Struct status = CcrStatusStruct(state, ccr.status(), now);
   if (StatusEquals(status, ccr.status())) return ccr;
+  status = WithUpdateTime(std::move(status), now);
   v1::UpdateRequest request;
   *request.mutable_resource() = CcrResource();
   *request.mutable_object() = ccr;
