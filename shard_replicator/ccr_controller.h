@@ -17,8 +17,15 @@
 //   - deletion: the controller stops, phase Deleting, the copies are purged, phase Deleted, the
 //     finalizer is removed;
 //   - the CCR itself is copied to the cache (and its copy removed once it is gone);
-//   - the status (phase, conditions, resourceCounts, observedGeneration) is written only when it
-//     differs from the stored one.
+//   - Synced: True when the running replication controller has no pending key (the cache holds
+//     the whole projection); else False, reason Pending or CacheUnavailable (the writer cannot
+//     reach the cache), with the number of pending objects; False with WaitingForSync,
+//     NotReplicating or Deleting when nothing is replicated;
+//   - the status (phase, conditions, resourceCounts, observedGeneration, and `epoch`, the term
+//     that writes it) is written only when it differs from the stored one, stamped with
+//     lastUpdateTime. A new term thus rewrites every status once (its epoch differs); while
+//     nobody leads, nothing writes it, and a reader tells it is the last known one by comparing
+//     its epoch with the lease (docs/design.md, "Status semantics").
 // When a resource becomes served again (its definition came back) the CCRs that name it are
 // enqueued at once with their backoff reset. A replication controller that stops enqueues its CCR.
 //
@@ -102,6 +109,8 @@ class CcrController {
   // Deletes every copy of `resource` in `cluster` from this shard; returns how many are left
   // (-1: not known yet).
   int64_t Purge(const v1::GroupVersionResource& resource, const std::string& cluster);
+  // The Synced condition of a running, synced replication with `pending` keys.
+  void SetSynced(int64_t pending, CcrState* state) const;
   // Writes `ccr`'s status for `state` if it differs; returns the CCR as now stored.
   absl::StatusOr<v1::Object> WriteStatus(const v1::Object& ccr, const CcrState& state);
   // Makes the CCR's copy in the cache equal to `ccr` (null: absent).
