@@ -262,20 +262,26 @@ void CcrController::SyncCopy(const std::string& cluster, const std::string& name
   }
   // The copies informer sees the result and enqueues the CCR again if it still differs.
   std::string key = CcrKey(cluster, name);
-  WorkQueue* queue = queue_.get();
-  CacheWriter* writer = options_.writer;
   // Never dropped while the term lasts: retried with backoff, or as soon as the cache can be
-  // reached again.
-  auto retry = [queue, writer, key](const absl::Status& s) {
-    if (s.ok() || absl::IsNotFound(s) || writer->Stopped()) return;
-    if (absl::IsUnavailable(s)) {
-      writer->WhenAvailable([queue, key] {
-        queue->Forget(key);
-        queue->Add(key);
-      });
-    } else {
-      queue->AddRateLimited(key);
+  // reached again. (The writer runs or drops its callbacks before this controller stops.)
+  auto retry = [this, key](const absl::Status& s) {
+    if (s.ok() || absl::IsNotFound(s) || options_.writer->Stopped()) return;
+    if (!absl::IsUnavailable(s)) {
+      queue_->AddRateLimited(key);
+      return;
     }
+    {
+      absl::MutexLock l(&mu_);
+      if (!copies_waiting_.insert(key).second) return;  // already waiting for the cache
+    }
+    options_.writer->WhenAvailable([this, key] {
+      {
+        absl::MutexLock l(&mu_);
+        copies_waiting_.erase(key);
+      }
+      queue_->Forget(key);
+      queue_->Add(key);
+    });
   };
   absl::Status sent = options_.writer->Write(
       std::move(request), [retry](const absl::Status& s, const v1::WriteResponse&) { retry(s); });

@@ -30,13 +30,15 @@
 // enqueued at once with their backoff reset. A replication controller that stops enqueues its CCR.
 //
 // Threads: Start and Stop from the owner's thread; everything else runs on the controller's
-// workers and on informer threads.
+// workers and on informer threads. Stop the term's CacheWriter before destroying the controller:
+// write answers and WhenAvailable callbacks refer to it.
 #ifndef SHARDCACHE_SHARD_REPLICATOR_CCR_CONTROLLER_H_
 #define SHARDCACHE_SHARD_REPLICATOR_CCR_CONTROLLER_H_
 
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -141,6 +143,8 @@ class CcrController {
   mutable absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, std::unique_ptr<ReplicationController>> controllers_ ABSL_GUARDED_BY(mu_);
+  // CCRs whose copy waits for the cache to be reachable again (one WhenAvailable each).
+  std::set<std::string> copies_waiting_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace shardcache
