@@ -215,7 +215,9 @@ std::shared_ptr<ResourceEventHandler> ReplicationController::Handler(bool local_
   std::shared_ptr<Shared> shared = shared_;
   auto on_change = options_.on_change;
   const Clock* clock = options_.clock;
-  auto changed = [shared, on_change, clock, local_side](const ObjectRef& object) {
+  // `resync`: the informer delivers an object it delivered before (a periodic resync, or a
+  // relist that found it unchanged): reconciled again, but not a change that makes it pending.
+  auto changed = [shared, on_change, clock, local_side](const ObjectRef& object, bool resync) {
     std::string key = QueueKey(object->metadata());
     {
       absl::MutexLock l(&shared->mu);
@@ -231,15 +233,17 @@ std::shared_ptr<ResourceEventHandler> ReplicationController::Handler(bool local_
           shared->written.erase(w);
         }
       }
-      if (!echo) shared->pending.insert(key);
+      if (!echo && !resync) shared->pending.insert(key);
     }
     shared->queue->Add(key);
     if (on_change) on_change();
   };
   ResourceEventHandlerFuncs funcs;
-  funcs.on_add = [changed](const ObjectRef& o, bool) { changed(o); };
-  funcs.on_update = [changed](const ObjectRef&, const ObjectRef& o) { changed(o); };
-  funcs.on_delete = [changed](const ObjectRef& o) { changed(o); };
+  funcs.on_add = [changed](const ObjectRef& o, bool) { changed(o, false); };
+  funcs.on_update = [changed](const ObjectRef& old_object, const ObjectRef& o) {
+    changed(o, old_object->metadata().resource_version() == o->metadata().resource_version());
+  };
+  funcs.on_delete = [changed](const ObjectRef& o) { changed(o, false); };
   return MakeHandler(std::move(funcs));
 }
 
@@ -319,6 +323,7 @@ bool ReplicationController::Reconcile(const std::string& key) {
   {
     absl::MutexLock l(&shared->mu);
     shared->inflight.insert(key);
+    shared->pending.insert(key);  // until the write is acknowledged
   }
   absl::Status sent = options_.writer->Write(
       std::move(request), [shared, key, is_delete, deleted_revision](
