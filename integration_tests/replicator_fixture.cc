@@ -3,6 +3,7 @@
 #include <google/protobuf/util/message_differencer.h>
 #include <sys/wait.h>
 
+#include <csignal>
 #include <optional>
 
 #include "absl/strings/match.h"
@@ -106,6 +107,36 @@ std::string CopyDiff(const v1::Object& origin, const v1::Object& copy, const std
                       ", got ", ToJson(got), "): ", diff);
 }
 
+double StatusEpoch(const v1::Object& ccr) {
+  const google::protobuf::Value* v = Field(ccr.status(), "epoch");
+  return v != nullptr && v->has_number_value() ? v->number_value() : -1;
+}
+
+std::string WhyLastKnown(const v1::Object& ccr, const v1::Object& lease, absl::Time now) {
+  double epoch = StatusEpoch(ccr);
+  if (epoch < 0) return "the status names no epoch";
+  const google::protobuf::Struct& spec = lease.spec();
+  const google::protobuf::Value* transitions = Field(spec, "leaseTransitions");
+  double term = transitions != nullptr ? transitions->number_value() : 0;
+  if (term != epoch) {
+    return absl::StrCat("the status was written in term ", epoch, ", the lease is in term ", term);
+  }
+  std::string holder = StringField(spec, "holderIdentity");
+  if (holder.empty()) return absl::StrCat("nobody holds the lease of term ", term);
+  absl::Time renewed;
+  std::string error;
+  if (!absl::ParseTime(absl::RFC3339_full, StringField(spec, "renewTime"), &renewed, &error)) {
+    return "the lease has no renewTime";
+  }
+  const google::protobuf::Value* seconds = Field(spec, "leaseDurationSeconds");
+  absl::Time expires = renewed + absl::Seconds(seconds != nullptr ? seconds->number_value() : 0);
+  if (expires <= now) {
+    return absl::StrCat("the lease of term ", term, " held by ", holder, " expired at ",
+                        absl::FormatTime(expires));
+  }
+  return "";
+}
+
 ::testing::AssertionResult Eventually(const std::function<bool()>& cond, absl::Duration timeout,
                                       const std::string& what,
                                       const std::function<std::string()>& describe) {
@@ -172,6 +203,12 @@ void ReplicatorFixture::RestartStore(Store* store) {
   store->channel =
       grpc::CreateChannel(store->process->grpc_address(), grpc::InsecureChannelCredentials());
   store->stub = v1::Store::NewStub(store->channel);
+}
+
+void ReplicatorFixture::KillStore(Store* store) {
+  store->process->Signal(SIGKILL);
+  int status = store->process->Wait(absl::Seconds(10));
+  ASSERT_TRUE(status != -1 && WIFSIGNALED(status)) << DescribeWaitStatus(status);
 }
 
 std::vector<std::string> ReplicatorFixture::ReplicatorArgs(const std::string& shard_name,
@@ -336,6 +373,10 @@ std::optional<std::map<std::string, v1::Object>> ReplicatorFixture::ListFrom(
   std::map<std::string, v1::Object> out;
   for (const v1::Object& o : resp.items()) out[Key(o)] = o;
   return out;
+}
+
+std::optional<v1::Object> ReplicatorFixture::GetLease(const std::string& shard_name) {
+  return GetFrom(shard(shard_name), LeaseGvr(), "", kLeaseCluster, kLeaseNamespace, kLeaseName);
 }
 
 std::optional<v1::Object> ReplicatorFixture::GetCcr(const std::string& name,

@@ -88,6 +88,14 @@ std::string DescribeStatus(const v1::Object& ccr);
 // finalizers or deletionTimestamp. Otherwise a description of the differences.
 std::string CopyDiff(const v1::Object& origin, const v1::Object& copy, const std::string& shard);
 
+// How a reader tells a CCR status that holds now from the last known one (docs/design.md,
+// "Status semantics"): "" when the status was written by the term that holds `lease` (of the
+// CCR's shard) at `now` (status.epoch equals spec.leaseTransitions, a holder is named, and
+// renewTime + leaseDurationSeconds is after `now`); otherwise why it is only the last known.
+std::string WhyLastKnown(const v1::Object& ccr, const v1::Object& lease, absl::Time now);
+// status.epoch of a CCR; -1 when absent.
+double StatusEpoch(const v1::Object& ccr);
+
 // Polls `cond` every 50 ms until it holds or `timeout` passes. On failure, the message names
 // `what` and, when given, what `describe` says about the state last seen.
 ::testing::AssertionResult Eventually(const std::function<bool()>& cond, absl::Duration timeout,
@@ -118,6 +126,9 @@ class ReplicatorFixture : public ::testing::Test {
   void StartCache();
   // Restarts a stopped store on the same port and reconnects its stub.
   void RestartStore(Store* store);
+  // Kills a store with SIGKILL (no drain, no clean shutdown) and waits until it is gone; its
+  // data directory and port stay for RestartStore.
+  void KillStore(Store* store);
   // The flags of a replica of `shard` (--shard, --shard-store, --cache, --identity and the short
   // leader-election timings), then `extra`. --cache is `cache_address`, or the fixture's cache
   // when "" (e.g. a relay in front of the cache instead).
@@ -166,6 +177,8 @@ class ReplicatorFixture : public ::testing::Test {
                                                             const std::string& shard,
                                                             const std::string& cluster,
                                                             const std::string& label_selector = "");
+  // The replicators' lease in a shard store (kLeaseCluster/kLeaseNamespace/kLeaseName).
+  std::optional<v1::Object> GetLease(const std::string& shard_name = "a");
   // The CCR `name` in kCluster of a shard store, nullopt when absent.
   std::optional<v1::Object> GetCcr(const std::string& name, const std::string& shard_name = "a",
                                    const std::string& cluster = kCluster);

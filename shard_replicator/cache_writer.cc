@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <utility>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
@@ -27,69 +29,80 @@ v1::Fence* MutableFence(v1::WriteRequest* request) {
   return nullptr;
 }
 
+// The connector re-checks Stop at least this often while it waits for the channel.
+constexpr absl::Duration kConnectorPoll = absl::Milliseconds(100);
+// Streams are opened at most this often, so that a cache that accepts connections and then ends
+// every stream at once does not make the writer spin.
+constexpr absl::Duration kMinStreamInterval = absl::Milliseconds(100);
+
 }  // namespace
 
 CacheWriter::CacheWriter(std::shared_ptr<grpc::Channel> channel,
                          std::shared_ptr<v1::Store::StubInterface> stub, Options options)
-    : channel_(std::move(channel)), stub_(std::move(stub)), options_(std::move(options)) {}
+    : channel_(std::move(channel)), stub_(std::move(stub)), options_(std::move(options)) {
+  if (options_.metrics != nullptr) options_.metrics->cache_unavailable.Set(0);
+  connector_ = std::thread([this] { Connector(); });
+}
 
 CacheWriter::~CacheWriter() { Stop(); }
+
+bool CacheWriter::StreamHealthyLocked() const { return stream_ != nullptr && !stream_->Broken(); }
 
 absl::Status CacheWriter::Write(v1::WriteRequest request, Done done) {
   v1::Fence* fence = MutableFence(&request);
   if (fence == nullptr) return absl::InvalidArgumentError("a write names no operation");
   fence->set_shard(options_.shard);
   fence->set_epoch(options_.epoch);
-  auto on_answer = [this, done = std::move(done)](const v1::WriteResponse& answer) {
-    Answered(done, answer);
-  };
   absl::MutexLock l(&mu_);
-  int broken = 0;
+  absl::Time connect_deadline = absl::InfiniteFuture();
   while (true) {
     if (stopped_) return absl::CancelledError("the leadership term ended");
-    absl::Status ready = EnsureStreamLocked();
-    if (!ready.ok()) return ready;
-    absl::Status sent = stream_->TrySend(request, on_answer);
-    if (sent.ok()) return sent;
-    if (!absl::IsResourceExhausted(sent)) {
-      // The stream broke between the check and the send: open another, a few times at most.
-      if (++broken >= 3) return sent;
+    if (!available_) {
+      ++failed_while_unavailable_;
+      if (options_.metrics != nullptr) options_.metrics->WriteFailed("UNAVAILABLE");
+      return absl::UnavailableError(
+          absl::StrCat("the cache server cannot be reached (since ",
+                       absl::FormatTime(unavailable_since_, absl::UTCTimeZone()),
+                       "); writes resume when it can"));
+    }
+    if (!StreamHealthyLocked()) {
+      // Only the connector opens streams, so there is one at a time however many writers wait.
+      need_stream_ = true;
+      if (connect_deadline == absl::InfiniteFuture()) {
+        connect_deadline = absl::Now() + options_.connect_timeout;
+      }
+      if (!mu_.AwaitWithDeadline(absl::Condition(this, &CacheWriter::WriteCanProceedLocked),
+                                 connect_deadline)) {
+        MarkUnavailableLocked(absl::UnavailableError(
+            absl::StrCat("no connection within ", absl::FormatDuration(options_.connect_timeout))));
+      }
       continue;
     }
+    int64_t generation = generation_;
+    absl::Status sent =
+        stream_->TrySend(request, [this, generation, done](const v1::WriteResponse& answer) {
+          Answered(generation, done, answer);
+        });
+    if (sent.ok()) return sent;
+    if (!absl::IsResourceExhausted(sent)) continue;  // the stream broke: the connector replaces it
     // The window is full: wait for answers (or Stop).
     mu_.AwaitWithTimeout(absl::Condition(&stopped_), absl::Milliseconds(2));
   }
 }
 
-absl::Status CacheWriter::EnsureStreamLocked() {
-  if (stream_ != nullptr && !stream_->Broken()) return absl::OkStatus();
-  if (stream_ != nullptr) {
-    spdlog::warn("cache write stream broke: {}; opening another", stream_->status().ToString());
-    stream_.reset();  // its writes were all answered with the stream's error
-  }
-  // A stream opened on a channel that is not connected breaks at once: wait for the channel,
-  // without holding the lock (Stop must not wait for a connection attempt).
-  absl::Time deadline = absl::Now() + options_.connect_timeout;
-  grpc_connectivity_state state = channel_->GetState(/*try_to_connect=*/true);
-  while (state != GRPC_CHANNEL_READY && absl::Now() < deadline) {
-    mu_.Unlock();
-    channel_->WaitForStateChange(state, absl::ToChronoTime(deadline));
-    mu_.Lock();
-    if (stopped_) return absl::CancelledError("the leadership term ended");
-    state = channel_->GetState(/*try_to_connect=*/true);
-  }
-  if (state != GRPC_CHANNEL_READY) {
-    return absl::UnavailableError("the cache server cannot be reached");
-  }
-  WriteStream::Options opts;
-  opts.window = options_.window;
-  absl::StatusOr<std::unique_ptr<WriteStream>> stream = WriteStream::Open(stub_, opts);
-  if (!stream.ok()) return stream.status();
-  stream_ = *std::move(stream);
-  return absl::OkStatus();
+void CacheWriter::MarkUnavailableLocked(const absl::Status& why) {
+  if (!available_ || stopped_) return;
+  available_ = false;
+  unavailable_since_ = absl::Now();
+  failed_while_unavailable_ = 0;
+  if (options_.metrics != nullptr) options_.metrics->cache_unavailable.Set(1);
+  spdlog::warn(
+      "replication to the cache stops (epoch {}): the cache server cannot be reached: {}; "
+      "writes wait and resume as soon as it can",
+      options_.epoch, why.ToString());
 }
 
-void CacheWriter::Answered(const Done& done, const v1::WriteResponse& answer) {
+void CacheWriter::Answered(int64_t generation, const Done& done, const v1::WriteResponse& answer) {
   absl::Status status =
       answer.code() == 0
           ? absl::OkStatus()
@@ -102,22 +115,122 @@ void CacheWriter::Answered(const Done& done, const v1::WriteResponse& answer) {
       if (options_.metrics != nullptr) options_.metrics->fenced.Increment();
       if (!fenced_reported_.exchange(true) && options_.on_fenced) options_.on_fenced(status);
     }
+    if (absl::IsUnavailable(status)) {
+      absl::MutexLock l(&mu_);
+      // A stream that was replaced already says nothing about the one in use.
+      if (generation == generation_) MarkUnavailableLocked(status);
+    }
   }
   if (done) done(status, answer);
 }
 
+void CacheWriter::Connector() {
+  absl::Time last_open = absl::InfinitePast();
+  mu_.Lock();
+  while (true) {
+    mu_.Await(absl::Condition(this, &CacheWriter::ConnectorHasWorkLocked));
+    if (stopped_) break;
+    std::unique_ptr<WriteStream> retired;
+    if (!StreamHealthyLocked()) {
+      grpc_connectivity_state state = channel_->GetState(/*try_to_connect=*/true);
+      if (state != GRPC_CHANNEL_READY) {
+        // Wait without the lock (Write fails fast or waits on its own deadline; Stop must not
+        // wait for a connection attempt).
+        mu_.Unlock();
+        channel_->WaitForStateChange(state, absl::ToChronoTime(absl::Now() + kConnectorPoll));
+        mu_.Lock();
+        continue;
+      }
+      if (absl::Now() < last_open + kMinStreamInterval) {
+        mu_.AwaitWithDeadline(absl::Condition(&stopped_), last_open + kMinStreamInterval);
+        continue;
+      }
+      WriteStream::Options opts;
+      opts.window = options_.window;
+      absl::StatusOr<std::unique_ptr<WriteStream>> opened = WriteStream::Open(stub_, opts);
+      if (!opened.ok()) {
+        // Only bad options fail here: nothing will get better by retrying fast.
+        spdlog::error("opening a write stream to the cache failed: {}", opened.status().ToString());
+        MarkUnavailableLocked(opened.status());
+        mu_.AwaitWithTimeout(absl::Condition(&stopped_), absl::Seconds(1));
+        continue;
+      }
+      if (stream_ != nullptr) {
+        spdlog::info("the cache write stream broke: {}; opened another",
+                     stream_->status().ToString());
+      }
+      retired = std::move(stream_);
+      stream_ = *std::move(opened);
+      ++generation_;
+      last_open = absl::Now();
+    }
+    need_stream_ = false;
+    std::vector<std::function<void()>> resumed;
+    if (!available_) {
+      available_ = true;
+      if (options_.metrics != nullptr) options_.metrics->cache_unavailable.Set(0);
+      spdlog::info(
+          "replication to the cache resumes (epoch {}): the cache server is reachable again "
+          "after {}; {} writes were refused meanwhile",
+          options_.epoch, absl::FormatDuration(absl::Now() - unavailable_since_),
+          failed_while_unavailable_);
+      unavailable_since_ = absl::InfinitePast();
+      resumed.swap(when_available_);
+    }
+    // The old stream's last answers (and the callbacks) run without the lock.
+    mu_.Unlock();
+    retired.reset();
+    for (auto& fn : resumed) fn();
+    resumed.clear();
+    mu_.Lock();
+  }
+  mu_.Unlock();
+}
+
+void CacheWriter::WhenAvailable(std::function<void()> fn) {
+  {
+    absl::MutexLock l(&mu_);
+    if (stopped_) return;
+    if (!available_) {
+      when_available_.push_back(std::move(fn));
+      return;
+    }
+  }
+  fn();
+}
+
+bool CacheWriter::Available() const {
+  absl::MutexLock l(&mu_);
+  return available_;
+}
+
+absl::Time CacheWriter::UnavailableSince() const {
+  absl::MutexLock l(&mu_);
+  return unavailable_since_;
+}
+
+bool CacheWriter::Stopped() const {
+  absl::MutexLock l(&mu_);
+  return stopped_;
+}
+
 void CacheWriter::Stop() {
   std::unique_ptr<WriteStream> stream;
+  std::vector<std::function<void()>> dropped;
   {
     absl::MutexLock l(&mu_);
     if (stopped_) return;
     stopped_ = true;
     stream = std::move(stream_);
+    dropped.swap(when_available_);
   }
+  if (connector_.joinable()) connector_.join();
   if (stream != nullptr) {
     stream->Cancel();  // queued writes are never sent; outstanding ones are answered CANCELLED
     stream.reset();
   }
+  dropped.clear();
+  if (options_.metrics != nullptr) options_.metrics->cache_unavailable.Set(0);
 }
 
 }  // namespace shardcache

@@ -260,22 +260,40 @@ void CcrController::SyncCopy(const std::string& cluster, const std::string& name
     del.set_cluster(cluster);
     del.set_name(name);
   }
-  // The copies informer sees the result and enqueues the CCR again if it still differs; a write
-  // that fails is retried on the CCR's next reconcile (the resync, at the latest).
+  // The copies informer sees the result and enqueues the CCR again if it still differs.
   std::string key = CcrKey(cluster, name);
-  WorkQueue* queue = queue_.get();
-  (void)options_.writer->Write(std::move(request),
-                               [queue, key](const absl::Status& s, const v1::WriteResponse&) {
-                                 if (!s.ok() && !absl::IsCancelled(s) && !absl::IsNotFound(s)) {
-                                   queue->AddRateLimited(key);
-                                 }
-                               });
+  // Never dropped while the term lasts: retried with backoff, or as soon as the cache can be
+  // reached again. (The writer runs or drops its callbacks before this controller stops.)
+  auto retry = [this, key](const absl::Status& s) {
+    if (s.ok() || absl::IsNotFound(s) || options_.writer->Stopped()) return;
+    if (!absl::IsUnavailable(s)) {
+      queue_->AddRateLimited(key);
+      return;
+    }
+    {
+      absl::MutexLock l(&mu_);
+      if (!copies_waiting_.insert(key).second) return;  // already waiting for the cache
+    }
+    options_.writer->WhenAvailable([this, key] {
+      {
+        absl::MutexLock l(&mu_);
+        copies_waiting_.erase(key);
+      }
+      queue_->Forget(key);
+      queue_->Add(key);
+    });
+  };
+  absl::Status sent = options_.writer->Write(
+      std::move(request), [retry](const absl::Status& s, const v1::WriteResponse&) { retry(s); });
+  if (!sent.ok()) retry(sent);
 }
 
 absl::StatusOr<v1::Object> CcrController::WriteStatus(const v1::Object& ccr,
                                                       const CcrState& state) {
-  google::protobuf::Struct status = CcrStatusStruct(state, ccr.status(), options_.clock->Now());
+  absl::Time now = options_.clock->Now();
+  google::protobuf::Struct status = CcrStatusStruct(state, ccr.status(), now);
   if (StatusEquals(status, ccr.status())) return ccr;
+  status = WithUpdateTime(std::move(status), now);
   v1::UpdateRequest request;
   *request.mutable_resource() = CcrResource();
   *request.mutable_object() = ccr;
@@ -288,11 +306,33 @@ absl::StatusOr<v1::Object> CcrController::WriteStatus(const v1::Object& ccr,
   }
   spdlog::info(
       "clustercachedresource {}|{}: phase {}, ResourceValid={} ({}), "
-      "ReplicationStarted={} ({}), counts local={} cache={}",
+      "ReplicationStarted={} ({}), Synced={} ({}), counts local={} cache={}, epoch {}",
       ccr.metadata().cluster(), ccr.metadata().name(), PhaseName(state.phase),
       state.valid ? "True" : "False", state.valid_reason, state.started ? "True" : "False",
-      state.started_reason, state.local_count, state.cache_count);
+      state.started_reason, state.synced ? "True" : "False", state.synced_reason, state.local_count,
+      state.cache_count, state.epoch);
   return updated;
+}
+
+void CcrController::SetSynced(int64_t pending, CcrState* state) const {
+  if (pending == 0) {
+    state->synced = true;
+    state->synced_reason = "InSync";
+    state->synced_message = "the cache holds a copy of every selected object, equal to it";
+    return;
+  }
+  state->synced = false;
+  absl::Time since = options_.writer->UnavailableSince();
+  if (since != absl::InfinitePast()) {
+    state->synced_reason = "CacheUnavailable";
+    state->synced_message =
+        absl::StrCat("the cache server cannot be reached (since ",
+                     absl::FormatTime("%Y-%m-%d%ET%H:%M:%SZ", since, absl::UTCTimeZone()), "); ",
+                     pending, " objects wait to be written to it");
+  } else {
+    state->synced_reason = "Pending";
+    state->synced_message = absl::StrCat(pending, " objects are not yet written to the cache");
+  }
 }
 
 CcrController::Next CcrController::Reconcile(const std::string& key) {
@@ -307,6 +347,7 @@ CcrController::Next CcrController::Reconcile(const std::string& key) {
 
   CcrState state;
   state.generation = ccr->metadata().generation();
+  state.epoch = options_.epoch;
   CcrInvalid invalid;
   absl::StatusOr<CcrSpec> spec = ParseCcrSpec(*ccr, &invalid);
   ObjectRef duplicate_of = spec.ok() ? EarlierDuplicate(*ccr, *spec) : nullptr;
@@ -461,7 +502,15 @@ CcrController::Next CcrController::Reconcile(const std::string& key) {
       state.cache_count = running->CacheCount();
       state.started_message =
           absl::StrCat("replicating ", GvrKey(spec->resource), " into the cache");
+      SetSynced(running->Pending(), &state);
     }
+  }
+  if (!state.started && state.synced_reason.empty()) {
+    state.synced_reason =
+        state.started_reason == "WaitingForSync" ? "WaitingForSync" : "NotReplicating";
+    state.synced_message = state.started_reason == "WaitingForSync"
+                               ? "the informers' initial lists are not complete yet"
+                               : "nothing is replicated while ReplicationStarted is False";
   }
   state.phase =
       state.valid && state.started ? CcrState::Phase::kReady : CcrState::Phase::kInitializing;
@@ -490,6 +539,8 @@ CcrController::Next CcrController::ReconcileDeleting(const v1::Object& ccr,
   state->started = false;
   state->started_reason = "Deleting";
   state->started_message = "the clustercachedresource is being deleted; its copies are removed";
+  state->synced_reason = "Deleting";
+  state->synced_message = "the clustercachedresource is being deleted";
   if (!HasFinalizer(ccr)) {
     // Not ours to hold: only keep the copy of the CCR current.
     SyncCopy(cluster, name, &ccr);

@@ -17,19 +17,28 @@
 //   - deletion: the controller stops, phase Deleting, the copies are purged, phase Deleted, the
 //     finalizer is removed;
 //   - the CCR itself is copied to the cache (and its copy removed once it is gone);
-//   - the status (phase, conditions, resourceCounts, observedGeneration) is written only when it
-//     differs from the stored one.
+//   - Synced: True when the running replication controller has no pending key (the cache holds
+//     the whole projection); else False, reason Pending or CacheUnavailable (the writer cannot
+//     reach the cache), with the number of pending objects; False with WaitingForSync,
+//     NotReplicating or Deleting when nothing is replicated;
+//   - the status (phase, conditions, resourceCounts, observedGeneration, and `epoch`, the term
+//     that writes it) is written only when it differs from the stored one, stamped with
+//     lastUpdateTime. A new term thus rewrites every status once (its epoch differs); while
+//     nobody leads, nothing writes it, and a reader tells it is the last known one by comparing
+//     its epoch with the lease (docs/design.md, "Status semantics").
 // When a resource becomes served again (its definition came back) the CCRs that name it are
 // enqueued at once with their backoff reset. A replication controller that stops enqueues its CCR.
 //
 // Threads: Start and Stop from the owner's thread; everything else runs on the controller's
-// workers and on informer threads.
+// workers and on informer threads. Stop the term's CacheWriter before destroying the controller:
+// write answers and WhenAvailable callbacks refer to it.
 #ifndef SHARDCACHE_SHARD_REPLICATOR_CCR_CONTROLLER_H_
 #define SHARDCACHE_SHARD_REPLICATOR_CCR_CONTROLLER_H_
 
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -102,6 +111,8 @@ class CcrController {
   // Deletes every copy of `resource` in `cluster` from this shard; returns how many are left
   // (-1: not known yet).
   int64_t Purge(const v1::GroupVersionResource& resource, const std::string& cluster);
+  // The Synced condition of a running, synced replication with `pending` keys.
+  void SetSynced(int64_t pending, CcrState* state) const;
   // Writes `ccr`'s status for `state` if it differs; returns the CCR as now stored.
   absl::StatusOr<v1::Object> WriteStatus(const v1::Object& ccr, const CcrState& state);
   // Makes the CCR's copy in the cache equal to `ccr` (null: absent).
@@ -132,6 +143,8 @@ class CcrController {
   mutable absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, std::unique_ptr<ReplicationController>> controllers_ ABSL_GUARDED_BY(mu_);
+  // CCRs whose copy waits for the cache to be reachable again (one WhenAvailable each).
+  std::set<std::string> copies_waiting_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace shardcache

@@ -196,12 +196,20 @@ Struct CcrStatusStruct(const CcrState& state, const Struct& previous, absl::Time
                                   state.valid_message, state.generation, previous, now);
   *list->add_values() = Condition("ReplicationStarted", state.started, state.started_reason,
                                   state.started_message, state.generation, previous, now);
+  *list->add_values() = Condition("Synced", state.synced, state.synced_reason, state.synced_message,
+                                  state.generation, previous, now);
   f["conditions"] = std::move(conditions);
+  f["epoch"] = NumberValue(state.epoch);
   Value counts;
   auto& c = *counts.mutable_struct_value()->mutable_fields();
   c["local"] = NumberValue(state.local_count);
   c["cache"] = NumberValue(state.cache_count);
   f["resourceCounts"] = std::move(counts);
+  return status;
+}
+
+Struct WithUpdateTime(Struct status, absl::Time now) {
+  (*status.mutable_fields())["lastUpdateTime"] = StringValue(FormatTransitionTime(now));
   return status;
 }
 

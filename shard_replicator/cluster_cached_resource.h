@@ -84,21 +84,36 @@ struct CcrState {
   std::string started_message;
   int64_t local_count = 0;
   int64_t cache_count = 0;
+  // Whether the cache held the whole projection when this state was computed (see Synced in
+  // CcrStatusStruct).
+  bool synced = false;
+  std::string synced_reason;
+  std::string synced_message;
+  // The leadership term that computed this state (the lease's leaseTransitions).
+  int64_t epoch = 0;
 };
 
 const char* PhaseName(CcrState::Phase phase);
 
 // The CCR status for `state`:
-//   {"phase": ..., "observedGeneration": N,
+//   {"phase": ..., "observedGeneration": N, "epoch": E,
 //    "conditions": [{"type": "ResourceValid", "status": "True"|"False", "reason", "message",
 //                    "lastTransitionTime", "observedGeneration"}, {"type": "ReplicationStarted",
-//                    ...}],
+//                    ...}, {"type": "Synced", ...}],
 //    "resourceCounts": {"local": N, "cache": M}}
+// `epoch` is the leadership term that wrote the status; Synced says whether the cache held the
+// whole projection then (False: reason and message say why, and how many objects were pending).
 // A condition keeps its lastTransitionTime from `previous` (the CCR's current status) while its
 // status stays the same (as apimachinery's SetStatusCondition); otherwise it is `now`. Any other
-// fields of `previous` are kept.
+// fields of `previous` are kept, lastUpdateTime among them (see WithUpdateTime).
 google::protobuf::Struct CcrStatusStruct(const CcrState& state,
                                          const google::protobuf::Struct& previous, absl::Time now);
+
+// `status` with "lastUpdateTime" set to `now`: the time the status is written. The replicator
+// compares a computed status (which keeps the stored lastUpdateTime) with the stored one first,
+// and stamps it only when something else changed, so that the status is not rewritten just
+// because time passed.
+google::protobuf::Struct WithUpdateTime(google::protobuf::Struct status, absl::Time now);
 
 // True when two statuses are equal (the replicator writes a status only when this is false).
 bool StatusEquals(const google::protobuf::Struct& a, const google::protobuf::Struct& b);

@@ -178,5 +178,42 @@ TEST(CcrStatusTest, TransitionTimeMovesOnlyWhenAConditionsStatusChanges) {
   EXPECT_EQ(Field(ConditionAt(started, 0), "lastTransitionTime"), "2023-11-14T22:13:20Z");
 }
 
+// The status says which term wrote it and whether the cache held the projection then; it is
+// stamped with lastUpdateTime only when written, so computing it again later compares equal.
+TEST(CcrStatusTest, RecordsEpochSyncedAndUpdateTime) {
+  CcrState state;
+  state.phase = CcrState::Phase::kReady;
+  state.generation = 2;
+  state.valid = true;
+  state.started = true;
+  state.synced = false;
+  state.synced_reason = "CacheUnavailable";
+  state.synced_message = "3 objects wait";
+  state.epoch = 7;
+  absl::Time t0 = absl::FromUnixSeconds(1700000000);
+  google::protobuf::Struct written = WithUpdateTime(CcrStatusStruct(state, {}, t0), t0);
+  EXPECT_EQ(written.fields().at("epoch").number_value(), 7);
+  EXPECT_EQ(Field(written, "lastUpdateTime"), "2023-11-14T22:13:20Z");
+  EXPECT_EQ(Field(ConditionAt(written, 2), "type"), "Synced");
+  EXPECT_EQ(Field(ConditionAt(written, 2), "status"), "False");
+  EXPECT_EQ(Field(ConditionAt(written, 2), "reason"), "CacheUnavailable");
+  EXPECT_EQ(Field(ConditionAt(written, 2), "message"), "3 objects wait");
+
+  // Computed again later, unchanged: equal to the stored status (lastUpdateTime kept).
+  EXPECT_TRUE(StatusEquals(CcrStatusStruct(state, written, t0 + absl::Minutes(1)), written));
+  // A new term computes a different status: it is written, with a new lastUpdateTime.
+  state.epoch = 8;
+  google::protobuf::Struct next = CcrStatusStruct(state, written, t0 + absl::Minutes(2));
+  EXPECT_FALSE(StatusEquals(next, written));
+  next = WithUpdateTime(next, t0 + absl::Minutes(2));
+  EXPECT_EQ(Field(next, "lastUpdateTime"), "2023-11-14T22:15:20Z");
+  // Synced turning True moves its transition time.
+  state.synced = true;
+  state.synced_reason = "InSync";
+  google::protobuf::Struct synced = CcrStatusStruct(state, next, t0 + absl::Minutes(3));
+  EXPECT_EQ(Field(ConditionAt(synced, 2), "status"), "True");
+  EXPECT_EQ(Field(ConditionAt(synced, 2), "lastTransitionTime"), "2023-11-14T22:16:20Z");
+}
+
 }  // namespace
 }  // namespace shardcache

@@ -28,6 +28,8 @@ struct ReplicationController::Shared {
   std::unique_ptr<WorkQueue> queue;  // thread-safe
   const Clock* clock = nullptr;
   ReplicatorMetrics* metrics = nullptr;
+  CacheWriter* writer = nullptr;  // thread-safe; outlives every write answer
+  std::function<void()> on_change;
 
   absl::Mutex mu;
   std::set<std::string> inflight ABSL_GUARDED_BY(mu);  // keys with a write not yet answered
@@ -35,6 +37,35 @@ struct ReplicationController::Shared {
   std::map<std::string, Written> written ABSL_GUARDED_BY(mu);
   // When the first local change of a key not yet written was seen (replication lag).
   std::map<std::string, absl::Time> seen ABSL_GUARDED_BY(mu);
+  // Keys whose copy is not known to equal the projection: changed on either side and not yet
+  // reconciled to "up to date", or written and not yet acknowledged.
+  std::set<std::string> pending ABSL_GUARDED_BY(mu);
+  // Keys whose write failed because the cache could not be reached: requeued, their backoff
+  // forgotten, as soon as the writer can write again (one WhenAvailable callback for all).
+  std::set<std::string> parked ABSL_GUARDED_BY(mu);
+  bool parked_waiting ABSL_GUARDED_BY(mu) = false;
+
+  // A write of `key` failed because the cache cannot be reached: retry it when it can.
+  void Park(const std::string& key, const std::shared_ptr<Shared>& self) ABSL_LOCKS_EXCLUDED(mu) {
+    {
+      absl::MutexLock l(&mu);
+      parked.insert(key);
+      if (parked_waiting) return;
+      parked_waiting = true;
+    }
+    writer->WhenAvailable([self] {
+      std::set<std::string> keys;
+      {
+        absl::MutexLock l(&self->mu);
+        keys.swap(self->parked);
+        self->parked_waiting = false;
+      }
+      for (const std::string& k : keys) {
+        self->queue->Forget(k);
+        self->queue->Add(k);
+      }
+    });
+  }
 };
 
 namespace {
@@ -98,6 +129,8 @@ ReplicationController::ReplicationController(Options options, std::shared_ptr<Sh
       shared_(std::make_shared<Shared>()) {
   shared_->clock = options_.clock;
   shared_->metrics = options_.metrics;
+  shared_->writer = options_.writer;
+  shared_->on_change = options_.on_change;
 }
 
 ReplicationController::~ReplicationController() { Stop(); }
@@ -173,31 +206,44 @@ int64_t ReplicationController::CacheCount() const {
   return static_cast<int64_t>(cache_->store().Size());
 }
 
+int64_t ReplicationController::Pending() const {
+  absl::MutexLock l(&shared_->mu);
+  return static_cast<int64_t>(shared_->pending.size());
+}
+
 std::shared_ptr<ResourceEventHandler> ReplicationController::Handler(bool local_side) {
   std::shared_ptr<Shared> shared = shared_;
   auto on_change = options_.on_change;
   const Clock* clock = options_.clock;
-  auto changed = [shared, on_change, clock, local_side](const ObjectRef& object) {
+  // `resync`: the informer delivers an object it delivered before (a periodic resync, or a
+  // relist that found it unchanged): reconciled again, but not a change that makes it pending.
+  auto changed = [shared, on_change, clock, local_side](const ObjectRef& object, bool resync) {
     std::string key = QueueKey(object->metadata());
     {
       absl::MutexLock l(&shared->mu);
+      bool echo = false;  // the cache informer shows our own last write of the key
       if (local_side) {
         shared->seen.emplace(key, clock->Now());
       } else {
         // The cache informer caught up with the last write of this key: forget it.
         auto w = shared->written.find(key);
-        if (w != shared->written.end() && ResourceVersionNumber(*object) >= w->second.revision) {
+        int64_t revision = ResourceVersionNumber(*object);
+        if (w != shared->written.end() && revision >= w->second.revision) {
+          echo = revision == w->second.revision;
           shared->written.erase(w);
         }
       }
+      if (!echo && !resync) shared->pending.insert(key);
     }
     shared->queue->Add(key);
     if (on_change) on_change();
   };
   ResourceEventHandlerFuncs funcs;
-  funcs.on_add = [changed](const ObjectRef& o, bool) { changed(o); };
-  funcs.on_update = [changed](const ObjectRef&, const ObjectRef& o) { changed(o); };
-  funcs.on_delete = [changed](const ObjectRef& o) { changed(o); };
+  funcs.on_add = [changed](const ObjectRef& o, bool) { changed(o, false); };
+  funcs.on_update = [changed](const ObjectRef& old_object, const ObjectRef& o) {
+    changed(o, old_object->metadata().resource_version() == o->metadata().resource_version());
+  };
+  funcs.on_delete = [changed](const ObjectRef& o) { changed(o, false); };
   return MakeHandler(std::move(funcs));
 }
 
@@ -212,6 +258,16 @@ void ReplicationController::Worker() {
                                          absl::ToDoubleSeconds(options_.clock->Now() - start));
     }
   }
+}
+
+void ReplicationController::UpToDate(const std::string& key) {
+  bool synced = false;
+  {
+    absl::MutexLock l(&shared_->mu);
+    shared_->seen.erase(key);
+    synced = shared_->pending.erase(key) > 0 && shared_->pending.empty();
+  }
+  if (synced && options_.on_change) options_.on_change();
 }
 
 bool ReplicationController::Reconcile(const std::string& key) {
@@ -244,8 +300,7 @@ bool ReplicationController::Reconcile(const std::string& key) {
   int64_t deleted_revision = 0;
   if (desired.has_value()) {
     if (copy != nullptr && CopyUpToDate(*desired, *copy)) {
-      absl::MutexLock l(&shared->mu);
-      shared->seen.erase(key);
+      UpToDate(key);
       return true;
     }
     v1::UpdateRequest& upsert = *request.mutable_upsert();
@@ -253,8 +308,7 @@ bool ReplicationController::Reconcile(const std::string& key) {
     *upsert.mutable_object() = *std::move(desired);
   } else {
     if (copy == nullptr) {
-      absl::MutexLock l(&shared->mu);
-      shared->seen.erase(key);
+      UpToDate(key);
       return true;
     }
     v1::DeleteRequest& del = *request.mutable_delete_();
@@ -269,46 +323,73 @@ bool ReplicationController::Reconcile(const std::string& key) {
   {
     absl::MutexLock l(&shared->mu);
     shared->inflight.insert(key);
+    shared->pending.insert(key);  // until the write is acknowledged
   }
   absl::Status sent = options_.writer->Write(
       std::move(request), [shared, key, is_delete, deleted_revision](
                               const absl::Status& status, const v1::WriteResponse& answer) {
-        absl::MutexLock l(&shared->mu);
-        shared->inflight.erase(key);
-        bool again = shared->again.erase(key) > 0;
         bool gone = is_delete && absl::IsNotFound(status);
-        if (status.ok() || gone) {
-          Shared::Written w;
-          if (is_delete) {
-            w.revision = deleted_revision;
-          } else {
-            w.object = std::make_shared<const v1::Object>(answer.object());
-            w.revision = ResourceVersionNumber(answer.object());
-          }
-          shared->written[key] = std::move(w);
-          auto seen = shared->seen.find(key);
-          if (seen != shared->seen.end()) {
-            if (shared->metrics != nullptr) {
-              shared->metrics->ObserveLag(
-                  absl::ToDoubleSeconds(shared->clock->Now() - seen->second));
+        bool notify = false;
+        {
+          absl::MutexLock l(&shared->mu);
+          shared->inflight.erase(key);
+          bool again = shared->again.erase(key) > 0;
+          if (status.ok() || gone) {
+            Shared::Written w;
+            if (is_delete) {
+              w.revision = deleted_revision;
+            } else {
+              w.object = std::make_shared<const v1::Object>(answer.object());
+              w.revision = ResourceVersionNumber(answer.object());
             }
-            shared->seen.erase(seen);
+            shared->written[key] = std::move(w);
+            auto seen = shared->seen.find(key);
+            if (seen != shared->seen.end()) {
+              if (shared->metrics != nullptr) {
+                shared->metrics->ObserveLag(
+                    absl::ToDoubleSeconds(shared->clock->Now() - seen->second));
+              }
+              shared->seen.erase(seen);
+            }
+            if (shared->metrics != nullptr && status.ok()) {
+              shared->metrics->WriteAcknowledged(is_delete ? "delete" : "upsert");
+            }
+            shared->queue->Forget(key);
+            if (again) {
+              shared->queue->Add(key);
+            } else {
+              shared->pending.erase(key);
+              notify = shared->pending.empty();
+            }
+            // Retried with backoff, or parked until the cache can be reached again: never
+            // dropped while the term lasts. The term's end is the writer's state, whatever the
+            // code (a write cancelled by Stop, or one of a stream that broke).
+          } else if (shared->writer->Stopped()) {
+            return;
+          } else if (!absl::IsUnavailable(status)) {
+            spdlog::debug("cache write of {} failed: {}", key, status.ToString());
+            shared->queue->AddRateLimited(key);
+            return;
           }
-          if (shared->metrics != nullptr && status.ok()) {
-            shared->metrics->WriteAcknowledged(is_delete ? "delete" : "upsert");
-          }
-          shared->queue->Forget(key);
-          if (again) shared->queue->Add(key);
-        } else if (!absl::IsCancelled(status)) {
-          spdlog::debug("cache write of {} failed: {}", key, status.ToString());
-          shared->queue->AddRateLimited(key);
         }
+        if (!status.ok() && !gone) {
+          shared->Park(key, shared);
+          notify = true;
+        }
+        if (notify && shared->on_change) shared->on_change();
       });
   if (!sent.ok()) {
-    absl::MutexLock l(&shared->mu);
-    shared->inflight.erase(key);
-    shared->again.erase(key);
-    if (absl::IsCancelled(sent)) return true;  // the term is ending
+    {
+      absl::MutexLock l(&shared->mu);
+      shared->inflight.erase(key);
+      shared->again.erase(key);
+    }
+    if (options_.writer->Stopped()) return true;  // the term is ending
+    if (absl::IsUnavailable(sent)) {
+      shared->Park(key, shared);
+      if (options_.on_change) options_.on_change();
+      return true;  // retried once the cache can be reached, with its backoff forgotten
+    }
     spdlog::debug("cache write of {} not sent: {}", key, sent.ToString());
     shared->queue->AddRateLimited(key);
     return false;

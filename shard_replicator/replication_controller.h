@@ -20,8 +20,17 @@
 // destructor) removes the handlers, shuts the queue down and joins the workers.
 //
 // Writes go through the term's CacheWriter, without waiting for their answers (pipelined); a key
-// with a write in flight is reconciled again after its answer if it changed meanwhile. A failed
-// write is retried with the queue's per-key backoff.
+// with a write in flight is reconciled again after its answer if it changed meanwhile. A write
+// that fails is never dropped while the term lasts (the term's end is the writer's Stopped(),
+// whatever the status code): one that failed because the cache cannot be reached (UNAVAILABLE)
+// is parked and requeued, its backoff forgotten, as soon as the writer can write again
+// (CacheWriter::WhenAvailable), so that the backlog flows at once when the cache comes back;
+// any other failure is retried with the queue's per-key backoff.
+//
+// Pending() counts the keys whose copy is not known to be equal to the projection (changed on
+// either side and not yet found up to date, written and not yet acknowledged, or parked): zero
+// means the cache holds the whole projection, as far as the controller knows. on_change is also
+// called when a write is parked and when the last pending key is acknowledged.
 //
 // Threads: Start, Stop and the destructor from the owner's thread (not from on_stopped or
 // on_change); the accessors from any thread. on_stopped and on_change run on informer threads and
@@ -94,6 +103,8 @@ class ReplicationController {
   // Local objects that match the selector, and copies in the cache: from the informers' caches.
   int64_t LocalCount() const;
   int64_t CacheCount() const;
+  // Keys not known to be in sync with the cache (see the file comment).
+  int64_t Pending() const;
 
   const CcrSpec& spec() const { return options_.spec; }
 
@@ -107,6 +118,8 @@ class ReplicationController {
   void Worker();
   // Reconciles one object ("namespace\0name"); false to retry it with backoff.
   bool Reconcile(const std::string& key);
+  // The key's copy equals the projection: it is no longer pending.
+  void UpToDate(const std::string& key);
   bool Matches(const v1::Object& object) const;
 
   // Constant after construction.

@@ -9,6 +9,19 @@
 #include "common/validation.h"
 
 namespace shardcache {
+namespace {
+
+// A channel that reconnects at least every second while its server is gone. gRPC's default
+// reconnect backoff grows to 120 s, so after a long outage the replicator would notice the
+// server's return late, and the backlog would wait for it.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+}
+
+}  // namespace
 
 // One leadership term: its epoch, the thread that starts it, and what runs while it lasts.
 struct ShardReplicator::Term {
@@ -56,8 +69,8 @@ ShardReplicator::ShardReplicator(Options options)
 ShardReplicator::~ShardReplicator() { Stop(); }
 
 absl::Status ShardReplicator::Init() {
-  shard_channel_ = grpc::CreateChannel(options_.shard_store, grpc::InsecureChannelCredentials());
-  cache_channel_ = grpc::CreateChannel(options_.cache, grpc::InsecureChannelCredentials());
+  shard_channel_ = MakeChannel(options_.shard_store);
+  cache_channel_ = MakeChannel(options_.cache);
   shard_stub_ = v1::Store::NewStub(shard_channel_);
   cache_stub_ = v1::Store::NewStub(cache_channel_);
   // Calls made while leading must end well within the margin between the renew deadline and
@@ -67,13 +80,21 @@ absl::Status ShardReplicator::Init() {
   ASSIGN_OR_RETURN(shard_client_, StoreClient::Create(shard_channel_, client));
   ASSIGN_OR_RETURN(cache_client_, StoreClient::Create(cache_channel_, client));
 
+  // After an outage of a store, its informers relist or resume within a few seconds of its
+  // return, however long the outage (the reflector's default backoff grows to 30 s, doubled by
+  // jitter): resourceCounts and the restoring of copies changed by others follow at once.
+  Backoff::Options relist;
+  relist.max = absl::Seconds(2);
+  relist.jitter = 0.5;
   DynamicInformerFactory::Options shard_factory;
   shard_factory.follow_definitions = true;
   shard_factory.informer.clock = options_.clock;
+  shard_factory.informer.reflector.backoff = relist;
   ASSIGN_OR_RETURN(shard_informers_, DynamicInformerFactory::Create(shard_stub_, shard_factory));
   DynamicInformerFactory::Options cache_factory;
   cache_factory.follow_definitions = false;
   cache_factory.informer.clock = options_.clock;
+  cache_factory.informer.reflector.backoff = relist;
   ASSIGN_OR_RETURN(cache_informers_, DynamicInformerFactory::Create(cache_stub_, cache_factory));
   ASSIGN_OR_RETURN(ccrs_, shard_informers_->ForResource(CcrResource()));
   ListWatchFilters mine;

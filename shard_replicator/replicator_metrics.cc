@@ -22,6 +22,12 @@ ReplicatorMetrics::ReplicatorMetrics(std::shared_ptr<prometheus::Registry> regis
                  .Help("Writes that the cache rejected as fenced by a newer leader's epoch")
                  .Register(*registry)
                  .Add({})),
+      cache_unavailable(prometheus::BuildGauge()
+                            .Name("shardcache_replicator_cache_unavailable")
+                            .Help("1 while the leader cannot write to the cache because the cache "
+                                  "server cannot be reached; 0 otherwise (and when not leading)")
+                            .Register(*registry)
+                            .Add({})),
       replication_controllers(prometheus::BuildGauge()
                                   .Name("shardcache_replicator_replication_controllers")
                                   .Help("Replication controllers running")

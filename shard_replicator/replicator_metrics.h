@@ -2,6 +2,8 @@
 //
 //   shardcache_replicator_epoch                          the current term's epoch (0: not leading)
 //   shardcache_replicator_fenced_total                   writes the cache rejected as fenced
+//   shardcache_replicator_cache_unavailable              1 while the leader's writes to the cache
+//                                                        stop because it cannot be reached
 //   shardcache_replicator_write_errors_total{code}       failed cache writes, by gRPC code name
 //   shardcache_replicator_writes_total{operation}        acknowledged cache writes (upsert, delete)
 //   shardcache_replicator_reconcile_duration_seconds{controller}
@@ -46,6 +48,7 @@ class ReplicatorMetrics {
 
   prometheus::Gauge& epoch;
   prometheus::Counter& fenced;
+  prometheus::Gauge& cache_unavailable;
   prometheus::Gauge& replication_controllers;
 
  private:
