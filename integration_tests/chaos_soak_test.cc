@@ -32,6 +32,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -712,6 +713,22 @@ TEST_F(ChaosSoak, ConvergesAfterEveryFaultIsHealed) {
       << "replay: " << replay << "\nschedule as run:\n  " << absl::StrJoin(log, "\n  ")
       << "\nlast check: " << last;
   EXPECT_TRUE(findings_.empty()) << "seed " << o.seed << ": " << absl::StrJoin(findings_, "\n");
+}
+
+// A seed replays: the same seed makes the same schedule, another seed another one, and every
+// fault kind appears in a schedule of the default length.
+TEST(ChaosSoakSchedule, IsAFunctionOfTheSeed) {
+  auto text = [](const std::vector<Step>& steps) {
+    std::vector<std::string> lines;
+    for (const Step& s : steps) lines.push_back(s.ToString());
+    return absl::StrJoin(lines, "\n");
+  };
+  const std::vector<Step> a = MakeSchedule(42, absl::Minutes(2));
+  EXPECT_EQ(text(a), text(MakeSchedule(42, absl::Minutes(2))));
+  EXPECT_NE(text(a), text(MakeSchedule(43, absl::Minutes(2))));
+  std::set<Action> kinds;
+  for (const Step& s : a) kinds.insert(s.action);
+  EXPECT_EQ(kinds.size(), static_cast<size_t>(Action::kStealLease) + 1) << text(a);
 }
 
 bool ParseFlag(const std::string& arg, const std::string& name, std::string* value) {
