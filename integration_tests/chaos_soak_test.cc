@@ -592,18 +592,22 @@ class ChaosSoak : public ::testing::Test {
     for (auto& [name, proxy] : proxies_) proxy->Heal();
     // Every definition exists, and every cluster has its CCR again (one deleted by the schedule
     // comes back selecting everything).
-    auto ensure = [&](const std::string& shard, const std::function<grpc::Status()>& create) {
-      for (int attempt = 0; attempt < 20; ++attempt) {
-        grpc::Status s = create();
+    auto ensure = [&](const std::string& what, const std::function<grpc::Status()>& create) {
+      grpc::Status s;
+      for (int attempt = 0; attempt < 40; ++attempt) {
+        s = create();
         if (s.ok() || s.error_code() == grpc::StatusCode::ALREADY_EXISTS) return;
         absl::SleepFor(absl::Milliseconds(250));
       }
-      Finding(absl::StrCat("shard store ", shard, " refused writes after the heal"));
+      Finding(absl::StrCat(what, " still failed 10 s after the heal: code ",
+                           static_cast<int>(s.error_code()), ": ", s.error_message()));
     };
     for (const std::string& shard : kShards) {
-      ensure(shard, [&] { return CreateIn(shard, DefinitionGvr(), WidgetsDefinition()); });
+      ensure("creating the definition in shard store " + shard,
+             [&] { return CreateIn(shard, DefinitionGvr(), WidgetsDefinition()); });
       for (const std::string& cluster : kClusters) {
-        ensure(shard, [&] { return CreateCcr(shard, cluster, 1); });
+        ensure(absl::StrCat("creating CCR ", cluster, "|", kCcrName, " in shard store ", shard),
+               [&] { return CreateCcr(shard, cluster, 1); });
       }
     }
   }
@@ -712,7 +716,9 @@ TEST_F(ChaosSoak, ConvergesAfterEveryFaultIsHealed) {
       << "seed " << o.seed << ": not converged within " << o.converge << " after heal.\n"
       << "replay: " << replay << "\nschedule as run:\n  " << absl::StrJoin(log, "\n  ")
       << "\nlast check: " << last;
-  EXPECT_TRUE(findings_.empty()) << "seed " << o.seed << ": " << absl::StrJoin(findings_, "\n");
+  EXPECT_TRUE(findings_.empty()) << "seed " << o.seed << ": " << absl::StrJoin(findings_, "\n")
+                                 << "\nreplay: " << replay << "\nschedule as run:\n  "
+                                 << absl::StrJoin(log, "\n  ");
 }
 
 // A seed replays: the same seed makes the same schedule, another seed another one, and every
