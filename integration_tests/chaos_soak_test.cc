@@ -327,8 +327,14 @@ class ChaosSoak : public ::testing::Test {
     for (auto& [name, p] : stores_) {
       absl::Status started = p.process->Start();
       ASSERT_TRUE(started.ok()) << name << ": " << started;
-      stubs_[name] = v1::Store::NewStub(
-          grpc::CreateChannel(p.process->grpc_address(), grpc::InsecureChannelCredentials()));
+      // The soak's own writes reach a restarted store at once, not after gRPC's reconnect
+      // backoff (1 s growing to 2 min), which would make them fail long after it is back.
+      grpc::ChannelArguments args;
+      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+      args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+      stubs_[name] = v1::Store::NewStub(grpc::CreateCustomChannel(
+          p.process->grpc_address(), grpc::InsecureChannelCredentials(), args));
     }
   }
 
