@@ -10,25 +10,22 @@
 //   (*relay)->Hold();   // what the client sends from now on waits in the relay
 //   (*relay)->Release();
 //
-// Each thread polls with a short timeout and ends by itself once the relay is destroyed; the
-// destructor closes every socket and joins every thread (within about a poll period, plus at most
-// the connect timeout of a connection still connecting to the target).
+// It is a FaultProxy (fault_proxy.h) that is only ever held or released: the destructor closes
+// every socket and joins every thread (within about a poll period, plus at most the connect
+// timeout of a connection still connecting to the target).
 //
 // Thread-safe.
 #ifndef SHARDCACHE_INTEGRATION_TESTS_TCP_RELAY_H_
 #define SHARDCACHE_INTEGRATION_TESTS_TCP_RELAY_H_
 
-#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <string>
 #include <string_view>
-#include <thread>
-#include <vector>
+#include <utility>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "integration_tests/fault_proxy.h"
 
 namespace shardcache::testing {
 
@@ -38,12 +35,12 @@ class TcpRelay {
   static absl::StatusOr<std::unique_ptr<TcpRelay>> Start(const std::string& target_host,
                                                          int target_port);
   // Closes the listener and every connection, and joins every thread.
-  ~TcpRelay();
+  ~TcpRelay() = default;
   TcpRelay(const TcpRelay&) = delete;
   TcpRelay& operator=(const TcpRelay&) = delete;
 
-  int port() const { return port_; }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  int port() const { return proxy_->port(); }
+  std::string address() const { return proxy_->address(); }
 
   // From now on, bytes from clients are buffered instead of sent to the target (connections
   // accepted meanwhile are held as well).
@@ -67,33 +64,9 @@ class TcpRelay {
   int connections_accepted() const;
 
  private:
-  struct Conn {
-    int client_fd = -1;
-    int server_fd = -1;
-    std::string to_server;  // read from the client, not yet written to the server
-    std::string to_client;  // read from the server, not yet written to the client
-    std::string recorded;   // server -> client bytes since RecordServerToClient()
-  };
+  explicit TcpRelay(std::unique_ptr<FaultProxy> proxy) : proxy_(std::move(proxy)) {}
 
-  TcpRelay(int listen_fd, int port, std::string target_host, int target_port);
-
-  void AcceptLoop();
-  void Relay(std::shared_ptr<Conn> conn);
-
-  const int listen_fd_;
-  const int port_;
-  const std::string target_host_;
-  const int target_port_;
-  std::atomic<bool> stopping_{false};
-
-  mutable absl::Mutex mu_;
-  bool held_ ABSL_GUARDED_BY(mu_) = false;
-  bool recording_ ABSL_GUARDED_BY(mu_) = false;
-  int accepted_ ABSL_GUARDED_BY(mu_) = 0;
-  // Buffers of every connection (the fds are the connection thread's alone).
-  std::vector<std::shared_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
-  std::thread accept_thread_;
+  const std::unique_ptr<FaultProxy> proxy_;
 };
 
 }  // namespace shardcache::testing
