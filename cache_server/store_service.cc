@@ -195,7 +195,8 @@ grpc::ServerUnaryReactor* StoreService::List(grpc::CallbackServerContext* ctx,
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* StoreService::Watch(grpc::CallbackServerContext*,
                                                                 const grpc::ByteBuffer* raw) {
-  auto* reactor = new WatchReactor(watch_cache_, metrics_, options_.watch_queue_events);
+  auto* reactor =
+      new WatchReactor(watch_cache_, metrics_, options_.watch_queue_events, store_->store_id());
   v1::WatchRequest req;
   grpc::ByteBuffer copy(*raw);
   if (!grpc::SerializationTraits<v1::WatchRequest>::Deserialize(&copy, &req).ok()) {
