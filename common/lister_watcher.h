@@ -13,6 +13,10 @@
 // again), INVALID_ARGUMENT, UNAVAILABLE / DEADLINE_EXCEEDED (retry), CANCELLED (Shutdown or
 // WatchEventStream::Cancel was called).
 //
+// Store identity: a List answer (ListResponse.store_id) and every watch event (WatchEvent.store_id)
+// name the store that sent them; they are passed through untouched, and the Reflector compares
+// them (see reflector.h).
+//
 // Thread-safety: a ListerWatcher may be called from any thread, and Shutdown() from any thread at
 // any time. A WatchEventStream's Next and Finish are for one thread (its reader); Cancel may be
 // called from any thread, at any time before the stream is destroyed.
