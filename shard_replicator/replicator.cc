@@ -44,6 +44,17 @@ absl::StatusOr<std::unique_ptr<ShardReplicator>> ShardReplicator::Start(Options 
   if (options.resync_period < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--resync-period: Invalid value: must not be negative");
   }
+  for (auto [flag, value] :
+       {std::pair<const char*, absl::Duration>{"--keepalive-time", options.keepalive.time},
+        {"--keepalive-timeout", options.keepalive.timeout}}) {
+    if (value < absl::Milliseconds(1) || value > absl::Hours(24)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, ": Invalid value: must be between 1ms and 24h"));
+    }
+  }
+  if (options.watch_idle_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--watch-idle-timeout: Invalid value: must not be negative");
+  }
   if (options.registry == nullptr) return absl::InvalidArgumentError("no metrics registry");
   std::unique_ptr<ShardReplicator> r(new ShardReplicator(std::move(options)));
   RETURN_IF_ERROR(r->Init());
@@ -56,8 +67,8 @@ ShardReplicator::ShardReplicator(Options options)
 ShardReplicator::~ShardReplicator() { Stop(); }
 
 absl::Status ShardReplicator::Init() {
-  shard_channel_ = grpc::CreateChannel(options_.shard_store, grpc::InsecureChannelCredentials());
-  cache_channel_ = grpc::CreateChannel(options_.cache, grpc::InsecureChannelCredentials());
+  ASSIGN_OR_RETURN(shard_channel_, CreateStoreChannel(options_.shard_store, options_.keepalive));
+  ASSIGN_OR_RETURN(cache_channel_, CreateStoreChannel(options_.cache, options_.keepalive));
   shard_stub_ = v1::Store::NewStub(shard_channel_);
   cache_stub_ = v1::Store::NewStub(cache_channel_);
   // Calls made while leading must end well within the margin between the renew deadline and
@@ -70,10 +81,14 @@ absl::Status ShardReplicator::Init() {
   DynamicInformerFactory::Options shard_factory;
   shard_factory.follow_definitions = true;
   shard_factory.informer.clock = options_.clock;
+  shard_factory.informer.reflector.watch_idle_timeout = options_.watch_idle_timeout;
+  shard_factory.informer.reflector.registry = options_.registry;
   ASSIGN_OR_RETURN(shard_informers_, DynamicInformerFactory::Create(shard_stub_, shard_factory));
   DynamicInformerFactory::Options cache_factory;
   cache_factory.follow_definitions = false;
   cache_factory.informer.clock = options_.clock;
+  cache_factory.informer.reflector.watch_idle_timeout = options_.watch_idle_timeout;
+  cache_factory.informer.reflector.registry = options_.registry;
   ASSIGN_OR_RETURN(cache_informers_, DynamicInformerFactory::Create(cache_stub_, cache_factory));
   ASSIGN_OR_RETURN(ccrs_, shard_informers_->ForResource(CcrResource()));
   ListWatchFilters mine;
