@@ -221,6 +221,9 @@ class ObjectStore {
   std::thread committer_;
 };
 
+// The response header (gRPC initial metadata) that carries store_id() on Watch and Get.
+inline constexpr char kStoreIdMetadataKey[] = "shardcache-store-id";
+
 // The annotation that marks the bookmark at the end of a watch's initial events.
 inline constexpr char kInitialEventsEndAnnotation[] = "k8s.io/initial-events-end";
 

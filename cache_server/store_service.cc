@@ -178,6 +178,7 @@ grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* ctx,
   absl::Time start = absl::Now();
   auto result = store_->Get(*req);
   if (result.ok()) *resp = **result;
+  ctx->AddInitialMetadata(kStoreIdMetadataKey, store_->store_id());
   auto* reactor = ctx->DefaultReactor();
   Finish(reactor, metrics_, "Get", start, result.status());
   return reactor;
@@ -193,7 +194,7 @@ grpc::ServerUnaryReactor* StoreService::List(grpc::CallbackServerContext* ctx,
   return reactor;
 }
 
-grpc::ServerWriteReactor<grpc::ByteBuffer>* StoreService::Watch(grpc::CallbackServerContext*,
+grpc::ServerWriteReactor<grpc::ByteBuffer>* StoreService::Watch(grpc::CallbackServerContext* ctx,
                                                                 const grpc::ByteBuffer* raw) {
   auto* reactor =
       new WatchReactor(watch_cache_, metrics_, options_.watch_queue_events, store_->store_id());
@@ -204,6 +205,10 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* StoreService::Watch(grpc::CallbackSe
                                  "the request is not a shardcache.v1.WatchRequest"));
     return reactor;
   }
+  // The headers go out now, before the watcher is registered (nothing else touches the reactor
+  // yet), so that a client learns the store's identity before any event.
+  ctx->AddInitialMetadata(kStoreIdMetadataKey, store_->store_id());
+  reactor->StartSendInitialMetadata();
   absl::Status started = store_->StartWatch(req, reactor);
   if (!started.ok()) {
     reactor->Reject(ToGrpcStatus(started));
