@@ -333,21 +333,28 @@ Reflector::WatchResult Reflector::WatchOnce() {
   }
   watches_started_.fetch_add(1);
   v1::WatchEvent event;
-  while (stream->Next(&event)) {
-    if (!event.store_id().empty() && event.store_id() != store_id) {
-      // Checked before the event is applied: an event of another store must not reach the sink.
-      spdlog::warn(
-          "reflector {}: the watch from resourceVersion {} is served by store {}, not by store "
-          "{} of the last list (its data was replaced); listing again",
-          name_, LastResourceVersion(), event.store_id(), store_id.empty() ? "(none)" : store_id);
-      store_changes_.fetch_add(1);
-      if (metrics_ != nullptr) metrics_->store_changes.Increment();
-      result.store_changed = true;
-      stream->Cancel();
-      while (stream->Next(&event)) {
-      }
-      break;
+  // Whether `served_by` (when known) is another store than the last list's; if so, ends the
+  // stream: nothing it says may reach the sink.
+  auto store_changed = [&](const std::string& served_by) {
+    if (served_by.empty() || served_by == store_id) return false;
+    spdlog::warn(
+        "reflector {}: the watch from resourceVersion {} is served by store {}, not by store {} "
+        "of the last list (its data was replaced); listing again",
+        name_, LastResourceVersion(), served_by, store_id.empty() ? "(none)" : store_id);
+    store_changes_.fetch_add(1);
+    if (metrics_ != nullptr) metrics_->store_changes.Increment();
+    result.store_changed = true;
+    stream->Cancel();
+    while (stream->Next(&event)) {
     }
+    return true;
+  };
+  // The response headers name the store before any event (a store that sends none is checked
+  // at its first event instead).
+  bool changed = store_changed(stream->StoreId());
+  while (!changed && stream->Next(&event)) {
+    // Checked before the event is applied: an event of another store must not reach the sink.
+    if (store_changed(event.store_id())) break;
     if (result.events++ == 0) backoff_.Succeeded();
     std::string rv = event.object().metadata().resource_version();
     switch (event.type()) {

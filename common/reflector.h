@@ -24,9 +24,10 @@
 // when the store's data was created). A revision means something only in the store that gave it:
 // a store whose data directory was wiped and refilled may be past the reflector's revision and
 // would "resume" a watch with none of the changes in between. So the reflector remembers the
-// identity of its last list, and when a watch event names another store it drops the stream
-// without applying the event and lists again (at once, unless the watch was the first after a
-// list, which backs off), logged at warning and counted (store_changes()).
+// identity of its last list, and when a watch names another store (in its response headers,
+// WatchEventStream::StoreId(), or else at its first event) it drops the stream without applying
+// anything and lists again (at once, unless the watch was the first after a list, which backs
+// off), logged at warning and counted (store_changes()).
 //
 // Liveness: a watch that has received neither an event nor a bookmark for
 // Options::watch_idle_timeout (on the Clock) is taken for dead (a half-open connection, a paused

@@ -1,7 +1,8 @@
 // Reflector liveness and store identity, against a scripted ListerWatcher on a FakeClock: a watch
 // that receives nothing for watch_idle_timeout is cancelled and reopened from the last revision
 // (without a relist); an event or bookmark restarts the timer; an event from another store is
-// never applied and makes the reflector list again.
+// never applied and makes the reflector list again, and so do response headers that name another
+// store.
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -34,7 +35,8 @@ using ::testing::HasSubstr;
 // stream is cancelled. Records when (on the clock) it was cancelled.
 class ScriptedStream {
  public:
-  explicit ScriptedStream(const Clock* clock, std::string from) : clock_(clock), from_(from) {}
+  ScriptedStream(const Clock* clock, std::string from, std::string header)
+      : clock_(clock), from_(std::move(from)), header_(std::move(header)) {}
 
   void Push(v1::WatchEvent event) {
     absl::MutexLock l(&mu_);
@@ -43,7 +45,7 @@ class ScriptedStream {
   bool Next(v1::WatchEvent* event) {
     absl::MutexLock l(&mu_);
     mu_.Await(absl::Condition(this, &ScriptedStream::ReadyLocked));
-    if (cancelled_) return false;
+    if (cancelled_ || broken_) return false;
     *event = std::move(events_.front());
     events_.pop_front();
     ++delivered_;
@@ -51,9 +53,18 @@ class ScriptedStream {
   }
   void Cancel() {
     absl::MutexLock l(&mu_);
-    if (cancelled_) return;
+    if (cancelled_ || broken_) return;
     cancelled_ = true;
     cancelled_at_ = clock_->Now();
+  }
+  // Ends the stream as a broken connection does (Finish: UNAVAILABLE).
+  void Break() {
+    absl::MutexLock l(&mu_);
+    broken_ = true;
+  }
+  bool broken() const {
+    absl::MutexLock l(&mu_);
+    return broken_;
   }
   bool cancelled() const {
     absl::MutexLock l(&mu_);
@@ -68,17 +79,20 @@ class ScriptedStream {
     return delivered_;
   }
   const std::string& from() const { return from_; }
+  const std::string& header() const { return header_; }
 
  private:
   bool ReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return cancelled_ || !events_.empty();
+    return cancelled_ || broken_ || !events_.empty();
   }
 
   const Clock* const clock_;
   const std::string from_;
+  const std::string header_;
   mutable absl::Mutex mu_;
   std::deque<v1::WatchEvent> events_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time cancelled_at_ ABSL_GUARDED_BY(mu_);
   int delivered_ ABSL_GUARDED_BY(mu_) = 0;
 };
@@ -89,8 +103,10 @@ class StreamHandle : public WatchEventStream {
   bool Next(v1::WatchEvent* event) override { return s_->Next(event); }
   void Cancel() override { s_->Cancel(); }
   absl::Status Finish() override {
+    if (s_->broken()) return absl::UnavailableError("connection broken");
     return s_->cancelled() ? absl::CancelledError("cancelled") : absl::OkStatus();
   }
+  std::string StoreId() override { return s_->header(); }
 
  private:
   std::shared_ptr<ScriptedStream> s_;
@@ -121,9 +137,14 @@ class ScriptedListerWatcher : public ListerWatcher {
     ++lists_;
     return resp;
   }
-  std::unique_ptr<WatchEventStream> Watch(const std::string& rv) override {
-    auto s = std::make_shared<ScriptedStream>(clock_, rv);
+  // The store id that the response headers of the next streams carry ("": none).
+  void SetHeader(const std::string& id) {
     absl::MutexLock l(&mu_);
+    header_ = id;
+  }
+  std::unique_ptr<WatchEventStream> Watch(const std::string& rv) override {
+    absl::MutexLock l(&mu_);
+    auto s = std::make_shared<ScriptedStream>(clock_, rv, header_);
     streams_.push_back(s);
     return std::make_unique<StreamHandle>(s);
   }
@@ -147,6 +168,7 @@ class ScriptedListerWatcher : public ListerWatcher {
   mutable absl::Mutex mu_;
   std::string store_id_ ABSL_GUARDED_BY(mu_);
   std::string list_rv_ ABSL_GUARDED_BY(mu_);
+  std::string header_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> names_ ABSL_GUARDED_BY(mu_);
   int lists_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::shared_ptr<ScriptedStream>> streams_ ABSL_GUARDED_BY(mu_);
@@ -318,6 +340,34 @@ TEST_F(ReflectorLivenessTest, EventOfAnotherStore_IsNotApplied_AndTheReflectorLi
   lw_->stream(1)->Push(Event(v1::WatchEvent::ADDED, "z", "13", "store-2"));
   ASSERT_TRUE(WaitFor([&] { return reflector_->LastResourceVersion() == "13"; }));
   EXPECT_EQ(reflector_->store_changes(), 1);
+  reflector_->Stop();
+}
+
+// The store's identity in a resumed watch's response headers is enough: the reflector lists again
+// before the stream says anything else.
+TEST_F(ReflectorLivenessTest, HeadersOfAnotherStore_MakeTheReflectorListAgainAtOnce) {
+  Make(absl::Seconds(15));
+  reflector_->Start();
+  ASSERT_TRUE(WaitFor([&] { return lw_->streams() == 1; }));
+  lw_->stream(0)->Push(Event(v1::WatchEvent::BOOKMARK, "", "6", "store-1"));
+  ASSERT_TRUE(WaitFor([&] { return reflector_->LastResourceVersion() == "6"; }));
+
+  // The connection breaks; the store behind the address is replaced meanwhile.
+  lw_->SetList("store-2", "12", {"x", "y"});
+  lw_->SetHeader("store-2");
+  lw_->stream(0)->Break();
+  ASSERT_TRUE(WaitFor([&] { return reflector_->backoff_waits() == 1; }));
+  clock_.Advance(absl::Seconds(1));
+  ASSERT_TRUE(WaitFor([&] { return lw_->streams() == 3; }));
+  std::shared_ptr<ScriptedStream> resumed = lw_->stream(1);
+  EXPECT_EQ(resumed->from(), "6");
+  EXPECT_TRUE(resumed->cancelled());
+  EXPECT_EQ(resumed->delivered(), 0);
+  EXPECT_EQ(lw_->stream(2)->from(), "12");
+  EXPECT_EQ(reflector_->lists_started(), 2);
+  EXPECT_EQ(reflector_->store_changes(), 1);
+  EXPECT_EQ(reflector_->backoff_waits(), 1);  // the relist did not wait
+  EXPECT_THAT(sink_.Log(), ElementsAre("REPLACE 1@5", "BOOKMARK 6", "REPLACE 2@12"));
   reflector_->Stop();
 }
 

@@ -250,6 +250,8 @@ TEST_F(ReflectorTest, Resume_AfterServerRestart_DoesNotRelist) {
   // The server drops every watch on SIGTERM; it comes back on the same port with the same data.
   ASSERT_EQ(server_->Stop(), 0);
   ASSERT_TRUE(server_->Start().ok());
+  // The channel may be waiting out a reconnect backoff: the writes below must not fail for that.
+  ASSERT_TRUE(channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + kWait)));
   Put(kWidgets, "after-restart");
   Put(kWidgets, "before", "green");
 
@@ -329,6 +331,7 @@ TEST_F(ReflectorTest, Relist_AfterTooOldResourceVersion) {
   ASSERT_EQ(server_->Stop(), 0);
   ASSERT_TRUE(WaitFor([&] { return reflector_->backoff_waits() >= 1; }));
   ASSERT_TRUE(server_->Start().ok());
+  ASSERT_TRUE(channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + kWait)));
   // Seven events while the reflector waits: its revision leaves the five-event history window.
   Put(kWidgets, "keep", "blue");
   Remove(kWidgets, "gone");
