@@ -15,6 +15,7 @@
 
 #include <csignal>
 #include <filesystem>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,13 @@ void FillGadgets(v1::Store::Stub* stub, int first, int count) {
 double ReplicaMetric(ServerProcess* replica, const std::string& name,
                      const std::vector<std::string>& labels = {}) {
   return Metric(replica->http_port(), name, labels);
+}
+
+// The "shardcache-store-id" response header of a call, or "".
+std::string Header(const grpc::ClientContext& ctx) {
+  auto it = ctx.GetServerInitialMetadata().find("shardcache-store-id");
+  if (it == ctx.GetServerInitialMetadata().end()) return "";
+  return std::string(it->second.data(), it->second.size());
 }
 
 class StoreIdentityTest : public ReplicatorFixture {
@@ -113,6 +121,8 @@ TEST_F(StoreIdentityTest, ListAndWatchCarryTheIdentity_KeptAcrossRestarts) {
   auto ctx = Context();
   std::unique_ptr<grpc::ClientReader<v1::WatchEvent>> reader = cache()->Watch(ctx.get(), req);
   v1::WatchEvent event;
+  reader->WaitForInitialMetadata();  // the headers come at once, before any event
+  EXPECT_EQ(Header(*ctx), id);
   ASSERT_TRUE(reader->Read(&event));
   EXPECT_EQ(event.type(), v1::WatchEvent::BOOKMARK);
   EXPECT_EQ(event.store_id(), id);
@@ -125,6 +135,15 @@ TEST_F(StoreIdentityTest, ListAndWatchCarryTheIdentity_KeptAcrossRestarts) {
   while (reader->Read(&event)) {
   }
   (void)reader->Finish();
+  // So do the headers of Get.
+  v1::GetRequest get;
+  *get.mutable_resource() = kGadgets;
+  get.set_cluster(kCluster);
+  get.set_name("g0");
+  auto get_ctx = Context();
+  v1::Object got;
+  ASSERT_TRUE(cache()->Get(get_ctx.get(), get, &got).ok());
+  EXPECT_EQ(Header(*get_ctx), id);
   // The metric and the start-up log name it too.
   EXPECT_EQ(Metric(cache_.process->http_port(), "shardcache_store_info",
                    {absl::StrCat("store_id=\"", id, "\""), "role=\"cache\""}),
@@ -151,9 +170,12 @@ TEST_F(StoreIdentityTest, CacheReplacedByAStoreAhead_CopiesComeBack) {
   ASSERT_NO_FATAL_FAILURE(StartAll());
   ASSERT_NO_FATAL_FAILURE(ReplicateWidgets());
   ASSERT_NO_FATAL_FAILURE(ReplaceCacheWithOneAhead(20));
+  const absl::Time restarted = absl::Now();
   ASSERT_TRUE(ListFrom(cache(), WidgetsGvr(), "a", kCluster)->empty());
 
   EXPECT_TRUE(WaitForCacheInSync());
+  std::cout << "copies back " << absl::FormatDuration(absl::Now() - restarted)
+            << " after the replaced cache started\n";
   EXPECT_TRUE(WaitForCcrCopy("widgets"));
   EXPECT_TRUE(WaitForReady("widgets", 3));
   EXPECT_GE(ReplicaMetric(replica_, "shardcache_reflector_store_changes_total"), 1);
@@ -168,11 +190,14 @@ TEST_F(StoreIdentityTest, PausedCache_IsNoticed_AndReplicationResumesOnItsReplac
       StartAll({"--watch-idle-timeout=3s", "--keepalive-time=1s", "--keepalive-timeout=1s"}));
   ASSERT_NO_FATAL_FAILURE(ReplicateWidgets());
   ASSERT_TRUE(cache_.process->Pause());
+  const absl::Time paused = absl::Now();
   ASSERT_TRUE(Eventually(
       [&] {
         return ReplicaMetric(replica_, "shardcache_reflector_watch_idle_restarts_total") >= 1;
       },
       absl::Seconds(30), "the replicator takes a watch of the paused cache for dead"));
+  std::cout << "a watch of the paused cache taken for dead after "
+            << absl::FormatDuration(absl::Now() - paused) << "\n";
   EXPECT_TRUE(absl::StrContains(replica_->Log(), "taking it for dead"));
 
   cache_.process->Signal(SIGKILL);
