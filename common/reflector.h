@@ -37,8 +37,8 @@
 // (cache_server --bookmark-interval), so the timeout should be a few of those intervals.
 //
 // Threads: Start() runs the loop on a thread of its own (and the watchdog on another, when
-// watch_idle_timeout is set); every ReflectorSink method is called
-// from that thread, one at a time, in order. All public methods are thread-safe.
+// watch_idle_timeout is set); every ReflectorSink method is called from the loop's thread, one at
+// a time, in order. All public methods are thread-safe.
 #ifndef SHARDCACHE_COMMON_REFLECTOR_H_
 #define SHARDCACHE_COMMON_REFLECTOR_H_
 
@@ -138,7 +138,7 @@ class Reflector {
   int64_t backoff_waits() const { return backoff_waits_.load(); }
   // Watches cancelled for lack of events and bookmarks (see Liveness).
   int64_t watch_idle_restarts() const { return watch_idle_restarts_.load(); }
-  // Watches dropped because their events came from another store than the last list's.
+  // Watches dropped because they named another store than the last list's.
   int64_t store_changes() const { return store_changes_.load(); }
   // The identity of the store of the last list (empty before it, or if the store has none).
   std::string StoreId() const;
@@ -148,7 +148,7 @@ class Reflector {
     absl::Status status;
     int64_t events = 0;          // events and bookmarks received
     bool idle = false;           // cancelled by the watchdog
-    bool store_changed = false;  // dropped: an event came from another store
+    bool store_changed = false;  // dropped: it named another store
   };
   struct Metrics;
 
