@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <utility>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -24,6 +25,8 @@
 #include "common/logging.h"
 #include "common/port_file.h"
 #include "common/signals.h"
+#include "prometheus/gauge.h"
+#include "prometheus/registry.h"
 
 ABSL_FLAG(std::string, role, "cache",
           "cache: the global cache, which accepts any resource; shard: a shard's own store, which "
@@ -53,6 +56,16 @@ ABSL_FLAG(absl::Duration, bookmark_interval, absl::Seconds(5),
           "how often idle watchers receive a BOOKMARK event");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
           "on SIGTERM, how long in-flight calls may take to finish");
+ABSL_FLAG(absl::Duration, keepalive_time, absl::Seconds(10),
+          "how often the server pings a client connection (HTTP/2 PING) to find out whether it "
+          "is still alive, even while no call is open");
+ABSL_FLAG(absl::Duration, keepalive_timeout, absl::Seconds(5),
+          "a connection whose ping is not answered within this time is closed, and its calls "
+          "(watches included) end");
+ABSL_FLAG(absl::Duration, keepalive_min_client_interval, absl::Seconds(5),
+          "the shortest interval between a client's keepalive pings that the server accepts "
+          "(clients that ping more often are told to go away); at most the clients' "
+          "--keepalive-time");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off");
 
 namespace shardcache {
@@ -68,6 +81,9 @@ struct Config {
   std::string data_dir;
   bool sync = true;
   absl::Duration drain_timeout;
+  absl::Duration keepalive_time;
+  absl::Duration keepalive_timeout;
+  absl::Duration keepalive_min_client_interval;
 };
 
 absl::StatusOr<Config> ConfigFromFlags() {
@@ -107,6 +123,17 @@ absl::StatusOr<Config> ConfigFromFlags() {
   if (c.drain_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--drain-timeout: must not be negative");
   }
+  c.keepalive_time = absl::GetFlag(FLAGS_keepalive_time);
+  c.keepalive_timeout = absl::GetFlag(FLAGS_keepalive_timeout);
+  c.keepalive_min_client_interval = absl::GetFlag(FLAGS_keepalive_min_client_interval);
+  for (auto [flag, value] :
+       {std::pair<const char*, absl::Duration>{"--keepalive-time", c.keepalive_time},
+        {"--keepalive-timeout", c.keepalive_timeout},
+        {"--keepalive-min-client-interval", c.keepalive_min_client_interval}}) {
+    if (value < absl::Milliseconds(1) || value > absl::Hours(24)) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": must be between 1ms and 24h"));
+    }
+  }
   c.listen = absl::GetFlag(FLAGS_listen);
   auto hp = SplitHostPort("--listen", c.listen);
   if (!hp.ok()) return hp.status();
@@ -129,9 +156,9 @@ int Run(Config config, const std::string& role_name) {
   if (!storage.ok()) return Refuse(storage.status());
   absl::StatusOr<PersistedState> state = (*storage)->Load();
   if (!state.ok()) return Refuse(state.status());
-  spdlog::info("loaded {} objects and {} history events at revision {} from {} in {}",
-               state->objects.size(), state->history.size(), state->revision, config.data_dir,
-               absl::FormatDuration(absl::Now() - load_start));
+  spdlog::info("loaded store {}: {} objects and {} history events at revision {} from {} in {}",
+               state->store_id, state->objects.size(), state->history.size(), state->revision,
+               config.data_dir, absl::FormatDuration(absl::Now() - load_start));
   config.store.storage = storage->get();
 
   auto registry = std::make_shared<prometheus::Registry>();
@@ -140,6 +167,15 @@ int Run(Config config, const std::string& role_name) {
   WatchCache watch_cache(config.watch, &metrics);
   ObjectStore store(config.store, &watch_cache, &metrics, *std::move(state));
   StoreService service(config.service, &store, &watch_cache, &metrics);
+  // The store's identity as an info metric (value 1), as Prometheus exporters expose build info.
+  prometheus::BuildGauge()
+      .Name("shardcache_store_info")
+      .Help(
+          "Always 1; its labels name the store: store_id (made when its data was created, kept "
+          "across restarts) and role.")
+      .Register(*registry)
+      .Add({{"store_id", store.store_id()}, {"role", role_name}})
+      .Set(1);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -148,6 +184,18 @@ int Run(Config config, const std::string& role_name) {
   builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &grpc_port);
   // A second server must not share a port this one serves.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Keepalive: ping every connection, so that one whose peer vanished without a reset (a
+  // partition, a paused or crashed machine) is closed and its watches end; and accept clients'
+  // own keepalive pings, even while they have no call open.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
+                             static_cast<int>(absl::ToInt64Milliseconds(config.keepalive_time)));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                             static_cast<int>(absl::ToInt64Milliseconds(config.keepalive_timeout)));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  builder.AddChannelArgument(
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+      static_cast<int>(absl::ToInt64Milliseconds(config.keepalive_min_client_interval)));
   // Let objects up to twice the limit through, so that they get the store's clear error.
   builder.SetMaxReceiveMessageSize(static_cast<int>(
       std::min<int64_t>(2 * config.store.max_object_bytes + (1 << 20), INT32_MAX)));
@@ -176,11 +224,13 @@ int Run(Config config, const std::string& role_name) {
   }
   server->GetHealthCheckService()->SetServingStatus(true);
   spdlog::info(
-      "serving role={} grpc={} (port {}) http={} (port {}) data_dir={} sync={} "
-      "max_object_bytes={} history_events={} history_age={}",
-      role_name, config.listen, grpc_port, config.http_listen, *http_port, config.data_dir,
-      config.sync, config.store.max_object_bytes, config.store.history_events,
-      absl::FormatDuration(config.store.history_age));
+      "serving role={} store_id={} grpc={} (port {}) http={} (port {}) data_dir={} sync={} "
+      "max_object_bytes={} history_events={} history_age={} keepalive_time={} "
+      "keepalive_timeout={}",
+      role_name, store.store_id(), config.listen, grpc_port, config.http_listen, *http_port,
+      config.data_dir, config.sync, config.store.max_object_bytes, config.store.history_events,
+      absl::FormatDuration(config.store.history_age), absl::FormatDuration(config.keepalive_time),
+      absl::FormatDuration(config.keepalive_timeout));
 
   int sig = WaitForTerminationSignal();
   spdlog::info("received signal {}: draining (up to {})", sig,

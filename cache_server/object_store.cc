@@ -259,7 +259,11 @@ absl::StatusOr<T> Await(const std::function<void(std::function<void(absl::Status
 
 ObjectStore::ObjectStore(Options options, WatchCache* watch_cache, StoreMetrics* metrics,
                          PersistedState state)
-    : options_(options), watch_cache_(watch_cache), metrics_(metrics), registry_(options.role) {
+    : options_(options),
+      watch_cache_(watch_cache),
+      metrics_(metrics),
+      store_id_(state.store_id.empty() ? NewStoreId() : state.store_id),
+      registry_(options.role) {
   {
     absl::MutexLock l(&mu_);
     RecoverLocked(std::move(state));
@@ -490,6 +494,7 @@ absl::StatusOr<v1::ListResponse> ObjectStore::List(const v1::ListRequest& req) c
   }
   v1::ListResponse resp;
   resp.set_resource_version(absl::StrCat(at));
+  resp.set_store_id(store_id_);
   auto r = resources_.find(info.group_resource);
   if (r == resources_.end()) return resp;
   const auto& keys = r->second.keys;

@@ -22,6 +22,9 @@
 //   crash could take back. A failed Storage write stops the process (memory is ahead of disk).
 // - A watcher is registered under the store's lock with its starting snapshot at the durable
 //   revision, so that no event falls between the two.
+// - Identity: a store has an id (store_id()), made when its data was created and kept across
+//   restarts, which List answers carry, so that a client can tell a different store (a wiped data
+//   directory) behind the same address from the one it knew.
 // - Shard role: deleting a ResourceDefinition deletes every object of its resource (one DELETED
 //   event each) and then ends the resource's watches with NOT_FOUND.
 //
@@ -123,6 +126,11 @@ class ObjectStore {
   // The durable revision: every write up to it is acknowledged or about to be.
   int64_t revision() const;
 
+  // The store's identity (PersistedState::store_id, or one made for this process when the store
+  // has no storage). Every List answer carries it, and the Store service sets it on every watch
+  // event. Constant.
+  const std::string& store_id() const { return store_id_; }
+
  private:
   enum class UpdateKind { kUpdate, kStatus, kUpsert };
 
@@ -188,6 +196,7 @@ class ObjectStore {
   const Options options_;
   WatchCache* const watch_cache_;
   StoreMetrics* const metrics_;
+  const std::string store_id_;
 
   mutable absl::Mutex mu_;
   // The last revision given to a write.
@@ -211,6 +220,9 @@ class ObjectStore {
 
   std::thread committer_;
 };
+
+// The response header (gRPC initial metadata) that carries store_id() on Watch and Get.
+inline constexpr char kStoreIdMetadataKey[] = "shardcache-store-id";
 
 // The annotation that marks the bookmark at the end of a watch's initial events.
 inline constexpr char kInitialEventsEndAnnotation[] = "k8s.io/initial-events-end";

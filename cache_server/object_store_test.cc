@@ -147,6 +147,29 @@ class ObjectStoreTest : public ::testing::Test {
   std::unique_ptr<ObjectStore> store_;
 };
 
+// The identity comes from the loaded state; a store without storage makes one per process.
+TEST_F(ObjectStoreTest, StoreId_FromTheStateOrMadeForTheProcess_OnEveryList) {
+  Make(Role::kCache);
+  const std::string made = store_->store_id();
+  EXPECT_EQ(made.size(), 36u);
+  auto listed = List(0);
+  ASSERT_THAT(listed, IsOk());
+  EXPECT_EQ(listed->store_id(), made);
+
+  ObjectStore::Options o;
+  o.clock = &clock_;
+  PersistedState state;
+  state.store_id = "0b8a4c1e-loaded";
+  ObjectStore loaded(o, &cache_, &metrics_, state);
+  EXPECT_EQ(loaded.store_id(), "0b8a4c1e-loaded");
+  v1::ListRequest req;
+  *req.mutable_resource() = Widgets();
+  auto from_loaded = loaded.List(req);
+  ASSERT_THAT(from_loaded, IsOk());
+  EXPECT_EQ(from_loaded->store_id(), "0b8a4c1e-loaded");
+  EXPECT_NE(ObjectStore(o, &cache_, &metrics_).store_id(), made);
+}
+
 TEST_F(ObjectStoreTest, Create_SetsServerOwnedMetadata) {
   Make(Role::kShard);
   DefineWidgets();

@@ -5,6 +5,7 @@
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
 
+#include "absl/random/random.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -19,6 +20,7 @@ constexpr char kFormat[] = "shardcache-store/1";
 constexpr char kFormatKey[] = "m/format";
 constexpr char kRevisionKey[] = "m/revision";
 constexpr char kCompactedKey[] = "m/compacted";
+constexpr char kStoreIdKey[] = "m/store-id";
 constexpr char kObjectPrefix[] = "o/";
 constexpr char kEventPrefix[] = "e/";
 constexpr char kEpochPrefix[] = "f/";
@@ -57,6 +59,18 @@ absl::Status FromRocks(const rocksdb::Status& s, const std::string& what) {
 
 }  // namespace
 
+std::string NewStoreId() {
+  absl::BitGen rng;
+  uint8_t b[16];
+  for (uint8_t& byte : b) byte = absl::Uniform<uint8_t>(rng);
+  b[6] = static_cast<uint8_t>((b[6] & 0x0f) | 0x40);  // version 4
+  b[8] = static_cast<uint8_t>((b[8] & 0x3f) | 0x80);  // RFC 4122 variant
+  std::string hex =
+      absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(b), sizeof(b)));
+  return absl::StrCat(hex.substr(0, 8), "-", hex.substr(8, 4), "-", hex.substr(12, 4), "-",
+                      hex.substr(16, 4), "-", hex.substr(20));
+}
+
 absl::StatusOr<std::unique_ptr<RocksDbStorage>> RocksDbStorage::Open(Options options) {
   bool fresh = DirectoryIsEmptyOrAbsent(options.data_dir);
   rocksdb::Options db_options;
@@ -87,6 +101,7 @@ absl::StatusOr<std::unique_ptr<RocksDbStorage>> RocksDbStorage::Open(Options opt
     batch.Put(kFormatKey, kFormat);
     batch.Put(kRevisionKey, "1");
     batch.Put(kCompactedKey, "1");
+    batch.Put(kStoreIdKey, NewStoreId());
     rocksdb::WriteOptions wo;
     wo.sync = true;
     s = db->Write(wo, &batch);
@@ -133,6 +148,21 @@ absl::StatusOr<PersistedState> RocksDbStorage::Load() {
     return Damaged("the compacted revision is above the revision");
   }
   compacted_revision_ = state.compacted_revision;
+
+  s = db_->Get(ro, kStoreIdKey, &state.store_id);
+  if (s.IsNotFound()) {
+    // Created before stores had an identity: give it one now, durably, and keep it.
+    state.store_id = NewStoreId();
+    rocksdb::WriteOptions wo;
+    wo.sync = true;
+    s = db_->Put(wo, kStoreIdKey, state.store_id);
+    if (!s.ok())
+      return FromRocks(s, absl::StrCat("recording the store identity in ", options_.data_dir));
+  } else if (!s.ok()) {
+    return Damaged(s.ToString());
+  } else if (state.store_id.empty()) {
+    return Damaged(absl::StrCat(kStoreIdKey, " is empty"));
+  }
 
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro));
   for (it->Seek(kObjectPrefix); it->Valid() && it->key().starts_with(kObjectPrefix); it->Next()) {

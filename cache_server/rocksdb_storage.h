@@ -3,6 +3,9 @@
 // Layout (one key space, prefixed):
 //   m/format                  "shardcache-store/1": marks the directory as a shardcache store
 //   m/revision, m/compacted   the store's revision and compacted revision (decimal)
+//   m/store-id                the store's identity (a UUID), written when the directory is
+//                             created; a directory from before identities gets one at its first
+//                             Load, kept from then on
 //   o/<group/resource>\0<key> a live object (shardcache.v1.Object)
 //   e/<revision, 8 bytes BE>  an event of the history window (shardcache.storage.v1.StoredEvent)
 //   f/<shard>                 the highest fencing epoch seen for the shard (decimal)

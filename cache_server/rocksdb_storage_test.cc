@@ -2,9 +2,12 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <rocksdb/db.h>
 
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <string>
 
 #include "common/testing/server_process.h"
 #include "common/testing/status_matchers.h"
@@ -78,6 +81,65 @@ TEST(RocksDbStorageTest, Commit_SurvivesReopen) {
   EXPECT_EQ(state->history[1]->prev->metadata().resource_version(), "2");
   EXPECT_EQ(state->history[1]->time, absl::FromUnixSeconds(1004));
   EXPECT_EQ(state->epochs.at("s1"), 4);
+}
+
+// The identity is made with the directory and read back unchanged; another directory has another.
+// A directory from before identities existed gets one at its first Load and keeps it.
+TEST(RocksDbStorageTest, StoreId_MadeWithTheDirectory_KeptAcrossReopens) {
+  std::string dir = MakeTempDir("rocks") + "/data";
+  std::string id;
+  {
+    auto storage = RocksDbStorage::Open({dir, true});
+    ASSERT_THAT(storage, IsOk());
+    auto state = (*storage)->Load();
+    ASSERT_THAT(state, IsOk());
+    id = state->store_id;
+    EXPECT_THAT(id, ::testing::MatchesRegex(
+                        "[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"));
+  }
+  {
+    auto storage = RocksDbStorage::Open({dir, true});
+    ASSERT_THAT(storage, IsOk());
+    auto state = (*storage)->Load();
+    ASSERT_THAT(state, IsOk());
+    EXPECT_EQ(state->store_id, id);
+  }
+  std::string other = MakeTempDir("rocks") + "/data";
+  auto storage = RocksDbStorage::Open({other, true});
+  ASSERT_THAT(storage, IsOk());
+  auto state = (*storage)->Load();
+  ASSERT_THAT(state, IsOk());
+  EXPECT_NE(state->store_id, id);
+}
+
+TEST(RocksDbStorageTest, StoreId_GivenToADirectoryWithoutOne) {
+  std::string dir = MakeTempDir("rocks") + "/data";
+  {
+    auto storage = RocksDbStorage::Open({dir, true});
+    ASSERT_THAT(storage, IsOk());
+  }
+  {  // As written before stores had an identity.
+    rocksdb::DB* raw = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(rocksdb::Options(), dir, &raw).ok());
+    std::unique_ptr<rocksdb::DB> db(raw);
+    ASSERT_TRUE(db->Delete(rocksdb::WriteOptions(), "m/store-id").ok());
+    std::string ignored;
+    ASSERT_TRUE(db->Get(rocksdb::ReadOptions(), "m/store-id", &ignored).IsNotFound());
+  }
+  std::string id;
+  {
+    auto storage = RocksDbStorage::Open({dir, true});
+    ASSERT_THAT(storage, IsOk());
+    auto state = (*storage)->Load();
+    ASSERT_THAT(state, IsOk());
+    id = state->store_id;
+    EXPECT_EQ(id.size(), 36u);
+  }
+  auto storage = RocksDbStorage::Open({dir, true});
+  ASSERT_THAT(storage, IsOk());
+  auto state = (*storage)->Load();
+  ASSERT_THAT(state, IsOk());
+  EXPECT_EQ(state->store_id, id);
 }
 
 TEST(RocksDbStorageTest, SecondOpen_IsRefusedAsInUse) {

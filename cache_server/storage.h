@@ -32,7 +32,13 @@ struct PersistedState {
   std::vector<EventPtr> history;
   // The highest fencing epoch seen per shard.
   std::map<std::string, int64_t> epochs;
+  // The store's identity, made when its data was created and kept ever after; empty when there
+  // is no storage (the ObjectStore then makes one for the life of the process).
+  std::string store_id;
 };
+
+// A new store identity: a random (version 4) UUID, "xxxxxxxx-xxxx-4xxx-yxxx-xxxxxxxxxxxx".
+std::string NewStoreId();
 
 // One atomic unit of durable change.
 struct CommitBatch {

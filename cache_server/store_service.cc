@@ -83,8 +83,9 @@ void StoreService::EndCall() {
   --calls_;
 }
 
-grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext*,
+grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* ctx,
                                             const grpc::ByteBuffer* raw, grpc::ByteBuffer* resp) {
+  ctx->AddInitialMetadata(kStoreIdMetadataKey, store_->store_id());
   v1::GetRequest req;
   bool admitted;
   UnaryCall* call = Begin("Get", *raw, &req, resp, &admitted);
@@ -105,12 +106,19 @@ grpc::ServerUnaryReactor* StoreService::List(grpc::CallbackServerContext*,
   return call;
 }
 
-grpc::ServerWriteReactor<grpc::ByteBuffer>* StoreService::Watch(grpc::CallbackServerContext*,
+grpc::ServerWriteReactor<grpc::ByteBuffer>* StoreService::Watch(grpc::CallbackServerContext* ctx,
                                                                 const grpc::ByteBuffer* raw) {
-  auto* reactor = new WatchReactor(watch_cache_, metrics_, options_.watch_queue_events);
+  auto* reactor =
+      new WatchReactor(watch_cache_, metrics_, options_.watch_queue_events, store_->store_id());
   v1::WatchRequest req;
   absl::Status started = ParseRequest(*raw, &req);
-  if (started.ok()) started = store_->StartWatch(req, reactor);
+  if (started.ok()) {
+    // The headers go out now, before the watcher is registered (nothing else touches the
+    // reactor yet), so that a client learns the store's identity before any event.
+    ctx->AddInitialMetadata(kStoreIdMetadataKey, store_->store_id());
+    reactor->StartSendInitialMetadata();
+    started = store_->StartWatch(req, reactor);
+  }
   if (!started.ok()) {
     reactor->Reject(ToGrpcStatus(started));
     return reactor;

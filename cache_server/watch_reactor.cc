@@ -5,8 +5,23 @@
 
 namespace shardcache {
 
-WatchReactor::WatchReactor(WatchCache* cache, StoreMetrics* metrics, size_t max_pending)
-    : cache_(cache), metrics_(metrics), max_pending_(max_pending) {}
+namespace {
+
+std::string StoreIdSuffix(const std::string& store_id) {
+  if (store_id.empty()) return "";
+  v1::WatchEvent only_id;
+  only_id.set_store_id(store_id);
+  return only_id.SerializeAsString();
+}
+
+}  // namespace
+
+WatchReactor::WatchReactor(WatchCache* cache, StoreMetrics* metrics, size_t max_pending,
+                           const std::string& store_id)
+    : cache_(cache),
+      metrics_(metrics),
+      max_pending_(max_pending),
+      store_id_suffix_(StoreIdSuffix(store_id)) {}
 
 void WatchReactor::Begin() {
   Action a;
@@ -138,6 +153,12 @@ WatchReactor::Action WatchReactor::NextLocked() {
   }
   Item& next = q->front();
   out_ = next.encoded.has_value() ? *next.encoded : EncodeWatchEvent(next.type, *next.object);
+  if (!store_id_suffix_.empty()) {
+    std::vector<grpc::Slice> slices;
+    (void)out_.Dump(&slices);
+    slices.emplace_back(store_id_suffix_);
+    out_ = grpc::ByteBuffer(slices.data(), slices.size());
+  }
   q->pop_front();
   writing_ = true;
   return Action::kWrite;

@@ -10,6 +10,10 @@
 // many events waiting is ended with RESOURCE_EXHAUSTED and its queue freed, so a slow client
 // never holds unbounded memory. OnDone unregisters from the WatchCache and deletes the reactor.
 //
+// Every message carries the store's identity (WatchEvent.store_id): the encoded event, shared by
+// every watcher, is sent followed by the bytes of that one field (a protobuf message parses the
+// concatenation of two encodings as their merge), so the shared encoding stays as it is.
+//
 // Thread-safety: the Watcher methods are called from the WatchCache's dispatcher; the reactions
 // from gRPC's threads. All state is guarded by mu_; no gRPC operation is started under it.
 #ifndef SHARDCACHE_CACHE_SERVER_WATCH_REACTOR_H_
@@ -19,6 +23,8 @@
 
 #include <deque>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "cache_server/store_metrics.h"
@@ -29,7 +35,9 @@ namespace shardcache {
 
 class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>, public Watcher {
  public:
-  WatchReactor(WatchCache* cache, StoreMetrics* metrics, size_t max_pending);
+  // `store_id`: the store's identity, set on every event sent (empty: not set).
+  WatchReactor(WatchCache* cache, StoreMetrics* metrics, size_t max_pending,
+               const std::string& store_id = "");
 
   // Starts sending, once the store has initialized and registered the watcher.
   void Begin();
@@ -67,6 +75,9 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>, public W
   WatchCache* const cache_;
   StoreMetrics* const metrics_;
   const size_t max_pending_;
+  // The encoding of a WatchEvent with only store_id set, appended to every message; empty when
+  // there is no identity to send.
+  const std::string store_id_suffix_;
   // Set once by Init, before registration; read-only afterwards.
   WatchSpec spec_;
 

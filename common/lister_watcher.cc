@@ -2,7 +2,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <map>
 #include <set>
+#include <string>
 #include <utility>
 
 #include "absl/random/random.h"
@@ -44,6 +46,9 @@ class StoreListerWatcher::Calls {
 
 namespace {
 
+// The response header of a Watch that names the store (see the Store service's Watch).
+constexpr char kStoreIdHeader[] = "shardcache-store-id";
+
 absl::Status WithContext(const std::string& what, const absl::Status& s) {
   if (s.ok()) return s;
   return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
@@ -78,6 +83,27 @@ class StoreWatchEventStream : public WatchEventStream {
   }
 
   bool Next(v1::WatchEvent* event) override {
+    if (!Open()) return false;
+    if (reader_->Read(event)) return true;
+    done_ = true;
+    return false;
+  }
+
+  std::string StoreId() override {
+    if (headers_read_ || !Open()) return store_id_;
+    headers_read_ = true;
+    reader_->WaitForInitialMetadata();
+    const std::multimap<grpc::string_ref, grpc::string_ref>& headers =
+        ctx_.GetServerInitialMetadata();
+    auto it = headers.find(kStoreIdHeader);
+    if (it != headers.end()) store_id_ = std::string(it->second.data(), it->second.size());
+    return store_id_;
+  }
+
+  void Cancel() override { ctx_.TryCancel(); }
+
+  // Starts the call on first use. False when the stream has ended or cannot start.
+  bool Open() {
     if (done_) return false;
     if (reader_ == nullptr) {
       if (!calls_->Register(&ctx_)) {
@@ -89,12 +115,8 @@ class StoreWatchEventStream : public WatchEventStream {
       registered_ = true;
       reader_ = stub_->Watch(&ctx_, request_);
     }
-    if (reader_->Read(event)) return true;
-    done_ = true;
-    return false;
+    return true;
   }
-
-  void Cancel() override { ctx_.TryCancel(); }
 
   absl::Status Finish() override {
     if (finished_ || reader_ == nullptr) return status_;
@@ -113,6 +135,8 @@ class StoreWatchEventStream : public WatchEventStream {
   grpc::ClientContext ctx_;  // TryCancel is thread-safe; the rest is the reader's
   std::unique_ptr<grpc::ClientReaderInterface<v1::WatchEvent>> reader_;
   bool registered_ = false;
+  bool headers_read_ = false;
+  std::string store_id_;
   bool done_ = false;
   bool finished_ = false;
   absl::Status status_ = absl::OkStatus();

@@ -13,6 +13,11 @@
 // again), INVALID_ARGUMENT, UNAVAILABLE / DEADLINE_EXCEEDED (retry), CANCELLED (Shutdown or
 // WatchEventStream::Cancel was called).
 //
+// Store identity: a List answer (ListResponse.store_id) and every watch event (WatchEvent.store_id)
+// name the store that sent them, and so do the response headers of a watch
+// (WatchEventStream::StoreId, at once, before any event); the Reflector compares them (see
+// reflector.h).
+//
 // Thread-safety: a ListerWatcher may be called from any thread, and Shutdown() from any thread at
 // any time. A WatchEventStream's Next and Finish are for one thread (its reader); Cancel may be
 // called from any thread, at any time before the stream is destroyed.
@@ -43,6 +48,10 @@ class WatchEventStream {
   // Why the stream ended (OK if the store ended it cleanly). REQUIRES: Next() returned false.
   // Idempotent: later calls return the same status.
   virtual absl::Status Finish() = 0;
+  // The identity of the store that serves the stream, as its response headers say; blocks until
+  // they arrive (Cancel() ends the wait). Empty when the store sent none or the stream failed.
+  // Call before the first Next(); later calls return the same value. The default knows of none.
+  virtual std::string StoreId() { return ""; }
 };
 
 class ListerWatcher {

@@ -6,8 +6,30 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
 
 namespace shardcache {
+
+struct Reflector::Metrics {
+  Metrics(prometheus::Registry& r, const std::string& name)
+      : watch_idle_restarts(
+            prometheus::BuildCounter()
+                .Name("shardcache_reflector_watch_idle_restarts_total")
+                .Help("Watches taken for dead after receiving neither an event nor a bookmark "
+                      "for the reflector's watch idle timeout, and opened again.")
+                .Register(r)
+                .Add({{"name", name}})),
+        store_changes(prometheus::BuildCounter()
+                          .Name("shardcache_reflector_store_changes_total")
+                          .Help("Watches dropped, and lists done again, because the store behind "
+                                "the address is not the one of the last list (another store_id).")
+                          .Register(r)
+                          .Add({{"name", name}})) {}
+  prometheus::Counter& watch_idle_restarts;
+  prometheus::Counter& store_changes;
+};
+
 namespace {
 
 // How often a wait on a clock that cannot wake sleepers (a FakeClock) re-reads it.
@@ -30,20 +52,29 @@ absl::StatusOr<std::unique_ptr<Reflector>> Reflector::Create(std::unique_ptr<Lis
   if (options.page_size < 0) {
     return absl::InvalidArgumentError("options.page_size: must not be negative");
   }
+  if (options.watch_idle_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("options.watch_idle_timeout: must not be negative");
+  }
   absl::StatusOr<Backoff> backoff = Backoff::Create(options.backoff, options.clock);
   if (!backoff.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("options.", backoff.status().message()));
   }
-  return std::unique_ptr<Reflector>(
-      new Reflector(std::move(lw), sink, std::move(options), *std::move(backoff)));
+  std::unique_ptr<Metrics> metrics;
+  if (options.registry != nullptr) {
+    metrics = std::make_unique<Metrics>(*options.registry,
+                                        options.name.empty() ? lw->Describe() : options.name);
+  }
+  return std::unique_ptr<Reflector>(new Reflector(std::move(lw), sink, std::move(options),
+                                                  *std::move(backoff), std::move(metrics)));
 }
 
 Reflector::Reflector(std::unique_ptr<ListerWatcher> lw, ReflectorSink* sink, Options options,
-                     Backoff backoff)
+                     Backoff backoff, std::unique_ptr<Metrics> metrics)
     : lw_(std::move(lw)),
       sink_(sink),
       options_(std::move(options)),
       name_(options_.name.empty() ? lw_->Describe() : options_.name),
+      metrics_(std::move(metrics)),
       backoff_(std::move(backoff)) {}
 
 Reflector::~Reflector() {
@@ -53,6 +84,8 @@ Reflector::~Reflector() {
   // this object after the call returns, so it is let go instead of joined.
   absl::MutexLock t(&thread_mu_);
   if (thread_.joinable() && thread_.get_id() == std::this_thread::get_id()) thread_.detach();
+  // The loop has ended (stopped_ is set before the sink's last call), so the watchdog has too.
+  if (watchdog_.joinable()) watchdog_.join();
 }
 
 void Reflector::Start() {
@@ -63,6 +96,9 @@ void Reflector::Start() {
     started_ = true;
   }
   thread_ = std::thread([this] { Run(); });
+  if (options_.watch_idle_timeout > absl::ZeroDuration()) {
+    watchdog_ = std::thread([this] { RunWatchdog(); });
+  }
 }
 
 void Reflector::Stop() {
@@ -91,6 +127,7 @@ void Reflector::Stop() {
   if (on_loop_thread) return;
   absl::MutexLock t(&thread_mu_);
   if (thread_.joinable()) thread_.join();
+  if (watchdog_.joinable()) watchdog_.join();
 }
 
 bool Reflector::HasSynced() const {
@@ -118,9 +155,43 @@ bool Reflector::StopRequested() const {
   return stop_requested_;
 }
 
-void Reflector::SetLastResourceVersion(const std::string& rv) {
+std::string Reflector::StoreId() const {
   absl::MutexLock l(&mu_);
-  last_rv_ = rv;
+  return store_id_;
+}
+
+void Reflector::SawEvent(const std::string& rv) {
+  absl::MutexLock l(&mu_);
+  if (!rv.empty()) last_rv_ = rv;
+  last_activity_ = options_.clock->Now();
+}
+
+bool Reflector::WatchdogShouldWake() const {
+  return stop_requested_ || stopped_ || stream_generation_ != watchdog_generation_;
+}
+
+void Reflector::RunWatchdog() {
+  const Clock* clock = options_.clock;
+  const bool real = dynamic_cast<const RealClock*>(clock) != nullptr;
+  const absl::Duration limit = options_.watch_idle_timeout;
+  absl::MutexLock l(&mu_);
+  while (!stop_requested_ && !stopped_) {
+    absl::Duration wait = limit;
+    if (current_stream_ != nullptr && !idle_cancelled_) {
+      absl::Duration idle = clock->Now() - last_activity_;
+      if (idle >= limit) {
+        // Not a word from the store for several bookmark intervals: the connection is most
+        // likely dead without having been reset. The loop reports it once the stream ends.
+        idle_cancelled_ = true;
+        current_stream_->Cancel();
+        continue;
+      }
+      wait = limit - idle;
+    }
+    watchdog_generation_ = stream_generation_;
+    mu_.AwaitWithTimeout(absl::Condition(this, &Reflector::WatchdogShouldWake),
+                         real ? wait : std::min(wait, kClockPoll));
+  }
 }
 
 void Reflector::Run() {
@@ -164,8 +235,20 @@ absl::Status Reflector::Loop() {
     ++watches_since_list;
     WatchResult watched = WatchOnce();
     if (StopRequested()) return cancelled;
-    if (IsTerminal(watched.status)) return watched.status;
-    if (watched.status.code() == absl::StatusCode::kOutOfRange) {
+    if (watched.store_changed) {
+      // Another store answers at this address: its revisions say nothing about what this
+      // reflector has seen. Only a list can tell what it holds.
+      need_list = true;
+      if (watches_since_list > 1) continue;  // a resumed watch: relist at once
+      // The list itself came from the store that now answers otherwise: back off below.
+    } else if (watched.idle) {
+      spdlog::warn(
+          "reflector {}: the watch received neither an event nor a bookmark for {}; taking it "
+          "for dead and watching again from resourceVersion {}",
+          name_, absl::FormatDuration(options_.watch_idle_timeout), LastResourceVersion());
+    } else if (IsTerminal(watched.status)) {
+      return watched.status;
+    } else if (watched.status.code() == absl::StatusCode::kOutOfRange) {
       // The last revision left the store's history window: only a list can catch up.
       spdlog::info("reflector {}: {}; listing again", name_, watched.status.ToString());
       need_list = true;
@@ -188,6 +271,7 @@ absl::Status Reflector::ListAll() {
   std::vector<ObjectRef> objects;
   std::string continue_token;
   std::string revision;
+  std::string store_id;
   do {
     if (StopRequested()) return absl::CancelledError("stopped");
     absl::StatusOr<v1::ListResponse> page = lw_->List(options_.page_size, continue_token);
@@ -202,7 +286,10 @@ absl::Status Reflector::ListAll() {
       page = lw_->List(0, "");
     }
     if (!page.ok()) return page.status();
-    if (revision.empty()) revision = page->resource_version();
+    if (revision.empty()) {
+      revision = page->resource_version();
+      store_id = page->store_id();
+    }
     objects.reserve(objects.size() + page->items_size());
     for (v1::Object& item : *page->mutable_items()) {
       objects.push_back(std::make_shared<const v1::Object>(std::move(item)));
@@ -216,10 +303,16 @@ absl::Status Reflector::ListAll() {
   backoff_.Succeeded();
   size_t count = objects.size();
   sink_->Replace(std::move(objects), revision);
+  std::string previous_store_id;
   {
     absl::MutexLock l(&mu_);
     last_rv_ = revision;
+    previous_store_id = std::exchange(store_id_, store_id);
     synced_ = true;
+  }
+  if (previous_store_id != store_id) {
+    spdlog::info("reflector {}: listed store {} (previously {})", name_, store_id,
+                 previous_store_id.empty() ? "none" : previous_store_id);
   }
   spdlog::debug("reflector {}: listed {} objects at revision {}", name_, count, revision);
   return absl::OkStatus();
@@ -228,14 +321,40 @@ absl::Status Reflector::ListAll() {
 Reflector::WatchResult Reflector::WatchOnce() {
   WatchResult result;
   std::unique_ptr<WatchEventStream> stream = lw_->Watch(LastResourceVersion());
+  std::string store_id;
   {
     absl::MutexLock l(&mu_);
     if (stop_requested_) stream->Cancel();
     current_stream_ = stream.get();
+    store_id = store_id_;
+    last_activity_ = options_.clock->Now();
+    idle_cancelled_ = false;
+    ++stream_generation_;
   }
   watches_started_.fetch_add(1);
   v1::WatchEvent event;
-  while (stream->Next(&event)) {
+  // Whether `served_by` (when known) is another store than the last list's; if so, ends the
+  // stream: nothing it says may reach the sink.
+  auto store_changed = [&](const std::string& served_by) {
+    if (served_by.empty() || served_by == store_id) return false;
+    spdlog::warn(
+        "reflector {}: the watch from resourceVersion {} is served by store {}, not by store {} "
+        "of the last list (its data was replaced); listing again",
+        name_, LastResourceVersion(), served_by, store_id.empty() ? "(none)" : store_id);
+    store_changes_.fetch_add(1);
+    if (metrics_ != nullptr) metrics_->store_changes.Increment();
+    result.store_changed = true;
+    stream->Cancel();
+    while (stream->Next(&event)) {
+    }
+    return true;
+  };
+  // The response headers name the store before any event (a store that sends none is checked
+  // at its first event instead).
+  bool changed = store_changed(stream->StoreId());
+  while (!changed && stream->Next(&event)) {
+    // Checked before the event is applied: an event of another store must not reach the sink.
+    if (store_changed(event.store_id())) break;
     if (result.events++ == 0) backoff_.Succeeded();
     std::string rv = event.object().metadata().resource_version();
     switch (event.type()) {
@@ -256,11 +375,16 @@ Reflector::WatchResult Reflector::WatchOnce() {
                      static_cast<int>(event.type()));
         continue;
     }
-    if (!rv.empty()) SetLastResourceVersion(rv);
+    SawEvent(rv);
   }
   {
     absl::MutexLock l(&mu_);
     current_stream_ = nullptr;
+    result.idle = idle_cancelled_ && !result.store_changed;
+  }
+  if (result.idle) {
+    watch_idle_restarts_.fetch_add(1);
+    if (metrics_ != nullptr) metrics_->watch_idle_restarts.Increment();
   }
   result.status = stream->Finish();
   return result;

@@ -20,8 +20,25 @@
 //   UNIMPLEMENTED     the server does not serve the Store API.
 // A stopped reflector never restarts: its owner makes a new one if the resource comes back.
 //
-// Threads: Start() runs the loop on a thread of its own; every ReflectorSink method is called
-// from that thread, one at a time, in order. All public methods are thread-safe.
+// Store identity: every List answer and watch event names the store that sent it (store_id, made
+// when the store's data was created). A revision means something only in the store that gave it:
+// a store whose data directory was wiped and refilled may be past the reflector's revision and
+// would "resume" a watch with none of the changes in between. So the reflector remembers the
+// identity of its last list, and when a watch names another store (in its response headers,
+// WatchEventStream::StoreId(), or else at its first event) it drops the stream without applying
+// anything and lists again (at once, unless the watch was the first after a list, which backs
+// off), logged at warning and counted (store_changes()).
+//
+// Liveness: a watch that has received neither an event nor a bookmark for
+// Options::watch_idle_timeout (on the Clock) is taken for dead (a half-open connection, a paused
+// server): a watchdog thread cancels it, and the reflector waits its backoff delay and watches
+// again from its last revision (listing again if the store changed), logged at warning and
+// counted (watch_idle_restarts()). The store sends bookmarks every few seconds to idle watchers
+// (cache_server --bookmark-interval), so the timeout should be a few of those intervals.
+//
+// Threads: Start() runs the loop on a thread of its own (and the watchdog on another, when
+// watch_idle_timeout is set); every ReflectorSink method is called from the loop's thread, one at
+// a time, in order. All public methods are thread-safe.
 #ifndef SHARDCACHE_COMMON_REFLECTOR_H_
 #define SHARDCACHE_COMMON_REFLECTOR_H_
 
@@ -40,6 +57,7 @@
 #include "common/clock.h"
 #include "common/lister_watcher.h"
 #include "common/thread_safe_store.h"
+#include "prometheus/registry.h"
 
 namespace shardcache {
 
@@ -72,9 +90,19 @@ class Reflector {
     int64_t page_size = 500;
     // Delays between failed attempts.
     Backoff::Options backoff;
-    // The clock of the backoff waits. A clock other than RealClock cannot wake a sleeper, so the
-    // reflector re-reads it every 10 ms of real time while it waits. Must outlive the reflector.
+    // The clock of the backoff waits and of the watch liveness timer. A clock other than
+    // RealClock cannot wake a sleeper, so the reflector re-reads it every 10 ms of real time
+    // while it waits. Must outlive the reflector.
     const Clock* clock = RealClock::Get();
+    // A watch that has received neither an event nor a bookmark for this long is taken for dead:
+    // cancelled and opened again. A few times the store's bookmark interval (cache_server's
+    // --bookmark-interval, 5 s by default). Zero: never.
+    absl::Duration watch_idle_timeout = absl::Seconds(15);
+    // Where the reflector's metrics go, labelled name=<the reflector's name>:
+    //   shardcache_reflector_watch_idle_restarts_total  watches taken for dead (see Liveness)
+    //   shardcache_reflector_store_changes_total        lists forced by a change of store
+    // Null: no metrics.
+    std::shared_ptr<prometheus::Registry> registry;
   };
 
   // Validates the options (INVALID_ARGUMENT). `sink` must outlive the reflector.
@@ -108,15 +136,24 @@ class Reflector {
   int64_t lists_started() const { return lists_started_.load(); }
   int64_t watches_started() const { return watches_started_.load(); }
   int64_t backoff_waits() const { return backoff_waits_.load(); }
+  // Watches cancelled for lack of events and bookmarks (see Liveness).
+  int64_t watch_idle_restarts() const { return watch_idle_restarts_.load(); }
+  // Watches dropped because they named another store than the last list's.
+  int64_t store_changes() const { return store_changes_.load(); }
+  // The identity of the store of the last list (empty before it, or if the store has none).
+  std::string StoreId() const;
 
  private:
   struct WatchResult {
     absl::Status status;
-    int64_t events = 0;  // events and bookmarks received
+    int64_t events = 0;          // events and bookmarks received
+    bool idle = false;           // cancelled by the watchdog
+    bool store_changed = false;  // dropped: it named another store
   };
+  struct Metrics;
 
   Reflector(std::unique_ptr<ListerWatcher> lw, ReflectorSink* sink, Options options,
-            Backoff backoff);
+            Backoff backoff, std::unique_ptr<Metrics> metrics);
 
   void Run();
   absl::Status Loop();
@@ -127,13 +164,18 @@ class Reflector {
   // Waits for the next backoff delay. False if Stop() was called.
   bool WaitBackoff();
   bool StopRequested() const;
-  void SetLastResourceVersion(const std::string& rv);
+  // Records an event's revision (when set) and that the watch is alive.
+  void SawEvent(const std::string& rv);
+  // The watchdog's loop: cancels the open watch once it has been idle for watch_idle_timeout.
+  void RunWatchdog();
+  bool WatchdogShouldWake() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.
   const std::unique_ptr<ListerWatcher> lw_;
   ReflectorSink* const sink_;
   const Options options_;
   const std::string name_;
+  const std::unique_ptr<Metrics> metrics_;  // null: no metrics; thread-safe
 
   // Used only by the loop's thread.
   Backoff backoff_;
@@ -141,10 +183,13 @@ class Reflector {
   std::atomic<int64_t> lists_started_{0};
   std::atomic<int64_t> watches_started_{0};
   std::atomic<int64_t> backoff_waits_{0};
+  std::atomic<int64_t> watch_idle_restarts_{0};
+  std::atomic<int64_t> store_changes_{0};
 
   // Serializes Start/Stop's thread handling.
   absl::Mutex thread_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   std::thread thread_ ABSL_GUARDED_BY(thread_mu_);
+  std::thread watchdog_ ABSL_GUARDED_BY(thread_mu_);
 
   mutable absl::Mutex mu_;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
@@ -153,8 +198,16 @@ class Reflector {
   bool synced_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status stop_reason_ ABSL_GUARDED_BY(mu_) = absl::OkStatus();
   std::string last_rv_ ABSL_GUARDED_BY(mu_);
-  // The open watch, so that Stop() can cancel it.
+  std::string store_id_ ABSL_GUARDED_BY(mu_);
+  // The open watch, so that Stop() and the watchdog can cancel it.
   WatchEventStream* current_stream_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // Liveness of the open watch: when it last opened or received something (on the clock), how
+  // many watches have opened (the watchdog wakes when it changes), and whether the watchdog
+  // cancelled the open one.
+  absl::Time last_activity_ ABSL_GUARDED_BY(mu_);
+  int64_t stream_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t watchdog_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  bool idle_cancelled_ ABSL_GUARDED_BY(mu_) = false;
   std::thread::id loop_thread_id_ ABSL_GUARDED_BY(mu_);
 };
 

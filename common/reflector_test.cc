@@ -1,5 +1,6 @@
 // Reflector against a real cache_server: list then watch, resume without a relist after the
-// server drops the stream, relist after "too old", NOT_FOUND is terminal, and backoff on the
+// server drops the stream, relist after "too old" and after the store behind the address was
+// replaced, a watch on a paused server taken for dead, NOT_FOUND is terminal, and backoff on the
 // Clock.
 
 #include "common/reflector.h"
@@ -8,11 +9,14 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <csignal>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -246,6 +250,8 @@ TEST_F(ReflectorTest, Resume_AfterServerRestart_DoesNotRelist) {
   // The server drops every watch on SIGTERM; it comes back on the same port with the same data.
   ASSERT_EQ(server_->Stop(), 0);
   ASSERT_TRUE(server_->Start().ok());
+  // The channel may be waiting out a reconnect backoff: the writes below must not fail for that.
+  ASSERT_TRUE(channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + kWait)));
   Put(kWidgets, "after-restart");
   Put(kWidgets, "before", "green");
 
@@ -325,6 +331,7 @@ TEST_F(ReflectorTest, Relist_AfterTooOldResourceVersion) {
   ASSERT_EQ(server_->Stop(), 0);
   ASSERT_TRUE(WaitFor([&] { return reflector_->backoff_waits() >= 1; }));
   ASSERT_TRUE(server_->Start().ok());
+  ASSERT_TRUE(channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + kWait)));
   // Seven events while the reflector waits: its revision leaves the five-event history window.
   Put(kWidgets, "keep", "blue");
   Remove(kWidgets, "gone");
@@ -343,6 +350,108 @@ TEST_F(ReflectorTest, Relist_AfterTooOldResourceVersion) {
   EXPECT_EQ(sink_.replaces(), 2);
   EXPECT_EQ(want.count("gone"), 0u);
   EXPECT_EQ(want.size(), 6u);
+  EXPECT_FALSE(reflector_->IsStopped());
+}
+
+// Creates `count` objects named <prefix>0.. of `gvr` in the store at `address`.
+void Fill(const std::string& address, const v1::GroupVersionResource& gvr,
+          const std::string& prefix, int count) {
+  std::unique_ptr<v1::Store::Stub> stub =
+      v1::Store::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  for (int i = 0; i < count; ++i) {
+    v1::CreateRequest req;
+    *req.mutable_resource() = gvr;
+    req.mutable_object()->mutable_metadata()->set_name(absl::StrCat(prefix, i));
+    v1::Object out;
+    grpc::Status s = stub->Create(Context().get(), req, &out);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+}
+
+// The store behind the address is replaced by another whose revision is past the reflector's
+// (its data directory wiped and refilled by another writer before the reflector reconnects), and
+// whose changes since that revision concern another resource only: the resumed watch gets
+// nothing but bookmarks. Only the store identity they carry tells the reflector to list again.
+TEST_F(ReflectorTest, StoreReplaced_ByOneAheadOfTheReflector_Relists) {
+  StartServer({});
+  for (int i = 0; i < 3; ++i) Put(kWidgets, absl::StrCat("old", i));
+  MakeReflector(kWidgets, FastOptions());
+  reflector_->Start();
+  ASSERT_TRUE(WaitFor([&] { return sink_.Content().size() == 3; }));
+  int64_t seen = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(reflector_->LastResourceVersion(), &seen));
+  const std::string old_store = reflector_->StoreId();
+  EXPECT_FALSE(old_store.empty());
+
+  // The replacement: a new store in which another client wrote two widgets, then enough gadgets
+  // to take its revision well past the reflector's.
+  const v1::GroupVersionResource gadgets = Gvr("example.com", "v1", "gadgets");
+  const std::string replacement = testing::MakeTempDir("replacement") + "/data";
+  {
+    ServerProcess other(testing::BinaryPath("cache_server/cache_server"),
+                        {"--data-dir=" + replacement});
+    ASSERT_TRUE(other.Start().ok());
+    Fill(other.grpc_address(), kWidgets, "new", 2);
+    Fill(other.grpc_address(), gadgets, "g", static_cast<int>(seen) + 5);
+    ASSERT_EQ(other.Stop(), 0);
+  }
+  // Wipe the data directory, put the replacement's in its place, restart on the same port.
+  ASSERT_EQ(server_->Stop(), 0);
+  std::filesystem::remove_all(server_->data_dir());
+  std::filesystem::rename(replacement, server_->data_dir());
+  ASSERT_TRUE(server_->Start().ok());
+  ASSERT_TRUE(channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + kWait)));
+  std::map<std::string, std::string> want = ServerContent(kWidgets);
+  ASSERT_EQ(want.size(), 2u);
+
+  ASSERT_TRUE(WaitFor([&] { return sink_.Content() == want; }))
+      << "the reflector kept the old store's objects: " << ::testing::PrintToString(sink_.Log());
+  EXPECT_EQ(reflector_->lists_started(), 2);
+  EXPECT_EQ(reflector_->store_changes(), 1);
+  EXPECT_NE(reflector_->StoreId(), old_store);
+  // A restart with the same data keeps the identity: the reflector resumes without a list.
+  ASSERT_EQ(server_->Stop(), 0);
+  ASSERT_TRUE(server_->Start().ok());
+  ASSERT_TRUE(channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + kWait)));
+  Put(kWidgets, "after-restart");
+  want = ServerContent(kWidgets);
+  ASSERT_TRUE(WaitFor([&] { return sink_.Content() == want; }))
+      << ::testing::PrintToString(sink_.Log());
+  EXPECT_EQ(reflector_->lists_started(), 2);
+  EXPECT_EQ(reflector_->store_changes(), 1);
+}
+
+// A server that stops answering without closing its connections (SIGSTOP: the kernel keeps the
+// TCP connection up, but no bookmark comes): the watch is taken for dead after the idle timeout,
+// and once a new server takes the port the reflector watches it and converges.
+TEST_F(ReflectorTest, PausedServer_WatchTakenForDead_ThenConvergesOnTheReplacement) {
+  // The channel has no keepalive (store_client_test covers that): only the watch's own liveness
+  // timer can tell that the stream is dead.
+  StartServer({});
+  Put(kWidgets, "before");
+  Reflector::Options options = FastOptions();
+  options.watch_idle_timeout = absl::Seconds(2);  // ten of the server's bookmark intervals
+  MakeReflector(kWidgets, options);
+  reflector_->Start();
+  ASSERT_TRUE(WaitFor([&] { return sink_.Content().size() == 1; }));
+  // Bookmarks flow while the server runs: no watch is taken for dead.
+  ASSERT_TRUE(WaitFor([&] { return sink_.bookmarks() >= 3; }));
+  EXPECT_EQ(reflector_->watch_idle_restarts(), 0);
+
+  ASSERT_TRUE(server_->Pause());
+  ASSERT_TRUE(WaitFor([&] { return reflector_->watch_idle_restarts() >= 1; }, absl::Seconds(30)))
+      << "a watch on a paused server was never taken for dead";
+
+  // Replace the paused server: a new one with the same data on the same port.
+  server_->Signal(SIGKILL);
+  server_->Wait(absl::Seconds(10));
+  ASSERT_TRUE(server_->Start().ok());
+  ASSERT_TRUE(channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + kWait)));
+  Put(kWidgets, "after");
+  std::map<std::string, std::string> want = ServerContent(kWidgets);
+  ASSERT_TRUE(WaitFor([&] { return sink_.Content() == want; }))
+      << ::testing::PrintToString(sink_.Log());
+  EXPECT_EQ(reflector_->lists_started(), 1);
   EXPECT_FALSE(reflector_->IsStopped());
 }
 

@@ -55,6 +55,26 @@ namespace internal {
 class WatchRegistry;
 }  // namespace internal
 
+// gRPC keepalive of a client channel: the channel pings its connection (HTTP/2 PING) every
+// `time`, even while no call is open, and closes it when a ping is not answered within `timeout`,
+// which ends the calls on it (a watch among them) with UNAVAILABLE. Without it a connection whose
+// peer vanished without a reset (a partition, a paused server) looks open for ever. The server
+// must accept pings this often: cache_server's --keepalive-min-client-interval (default 5 s) must
+// not exceed `time`.
+struct KeepaliveOptions {
+  absl::Duration time = absl::Seconds(10);
+  absl::Duration timeout = absl::Seconds(5);
+};
+
+// The channel arguments every Store client channel uses: keepalive as `keepalive` says (pings
+// also while no call is open and while no data flows), and reconnection attempts at least every
+// second while the server is unreachable. INVALID_ARGUMENT when a time is not
+// between 1 ms and 24 h.
+absl::StatusOr<grpc::ChannelArguments> StoreChannelArguments(const KeepaliveOptions& keepalive);
+// An insecure channel to a Store at `target` ("host:port") with StoreChannelArguments.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateStoreChannel(
+    const std::string& target, const KeepaliveOptions& keepalive = {});
+
 // One Watch call: events read one at a time by one thread, cancellable from any thread.
 //
 //   std::unique_ptr<WatchStream> w = client->OpenWatch(request);

@@ -571,5 +571,49 @@ TEST_F(StoreClientTest, Watch_ServerDown_FinishReturnsUnavailable) {
   EXPECT_THAT(watch->Finish(), StatusIs(absl::StatusCode::kUnavailable));
 }
 
+// A server that stops answering without closing the connection (SIGSTOP: the kernel keeps TCP
+// up) while a watch is open and quiet: the channel's keepalive pings go unanswered, the
+// connection is closed, and the watch ends with UNAVAILABLE instead of waiting for ever.
+TEST_F(StoreClientTest, Keepalive_PausedServer_EndsTheWatch) {
+  // No bookmarks for an hour: nothing but keepalive can notice.
+  StartServer({"--bookmark-interval=1h", "--keepalive-min-client-interval=100ms"});
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = CreateStoreChannel(
+      server_->grpc_address(), {absl::Milliseconds(300), absl::Milliseconds(300)});
+  ASSERT_THAT(channel, IsOk());
+  channel_ = *channel;
+  std::unique_ptr<StoreClient> client = NewClient();
+  v1::WatchRequest req;
+  *req.mutable_resource() = Widgets();
+  std::unique_ptr<WatchStream> watch = client->OpenWatch(req);
+  v1::WatchEvent event;
+  ASSERT_TRUE(watch->Next(&event));  // the bookmark that ends the (empty) initial events
+  ASSERT_EQ(event.type(), v1::WatchEvent::BOOKMARK);
+  EXPECT_FALSE(event.store_id().empty());
+
+  ASSERT_TRUE(server_->Pause());
+  absl::Notification ended;
+  std::thread reader([&] {
+    v1::WatchEvent ignored;
+    while (watch->Next(&ignored)) {
+    }
+    ended.Notify();
+  });
+  bool detected = ended.WaitForNotificationWithTimeout(absl::Seconds(20));
+  if (!detected) watch->Cancel();
+  reader.join();
+  EXPECT_TRUE(detected) << "the watch on a paused server never ended";
+  if (detected) EXPECT_THAT(watch->Finish(), StatusIs(absl::StatusCode::kUnavailable));
+  watch.reset();
+  server_->Signal(SIGCONT);
+}
+
+TEST(StoreChannelArgumentsTest, RejectsTimesOutOfRange) {
+  EXPECT_THAT(StoreChannelArguments({absl::ZeroDuration(), absl::Seconds(5)}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("keepalive.time")));
+  EXPECT_THAT(StoreChannelArguments({absl::Seconds(10), absl::Hours(25)}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("keepalive.timeout")));
+  EXPECT_THAT(StoreChannelArguments({}), IsOk());
+}
+
 }  // namespace
 }  // namespace shardcache

@@ -1,6 +1,5 @@
 #include "shard_replicator/replicator.h"
 
-#include <grpcpp/create_channel.h>
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
@@ -9,19 +8,6 @@
 #include "common/validation.h"
 
 namespace shardcache {
-namespace {
-
-// A channel that reconnects at least every second while its server is gone. gRPC's default
-// reconnect backoff grows to 120 s, so after a long outage the replicator would notice the
-// server's return late, and the backlog would wait for it.
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
-}
-
-}  // namespace
 
 // One leadership term: its epoch, the thread that starts it, and what runs while it lasts.
 struct ShardReplicator::Term {
@@ -57,6 +43,17 @@ absl::StatusOr<std::unique_ptr<ShardReplicator>> ShardReplicator::Start(Options 
   if (options.resync_period < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--resync-period: Invalid value: must not be negative");
   }
+  for (auto [flag, value] :
+       {std::pair<const char*, absl::Duration>{"--keepalive-time", options.keepalive.time},
+        {"--keepalive-timeout", options.keepalive.timeout}}) {
+    if (value < absl::Milliseconds(1) || value > absl::Hours(24)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, ": Invalid value: must be between 1ms and 24h"));
+    }
+  }
+  if (options.watch_idle_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--watch-idle-timeout: Invalid value: must not be negative");
+  }
   if (options.registry == nullptr) return absl::InvalidArgumentError("no metrics registry");
   std::unique_ptr<ShardReplicator> r(new ShardReplicator(std::move(options)));
   RETURN_IF_ERROR(r->Init());
@@ -69,8 +66,8 @@ ShardReplicator::ShardReplicator(Options options)
 ShardReplicator::~ShardReplicator() { Stop(); }
 
 absl::Status ShardReplicator::Init() {
-  shard_channel_ = MakeChannel(options_.shard_store);
-  cache_channel_ = MakeChannel(options_.cache);
+  ASSIGN_OR_RETURN(shard_channel_, CreateStoreChannel(options_.shard_store, options_.keepalive));
+  ASSIGN_OR_RETURN(cache_channel_, CreateStoreChannel(options_.cache, options_.keepalive));
   shard_stub_ = v1::Store::NewStub(shard_channel_);
   cache_stub_ = v1::Store::NewStub(cache_channel_);
   // Calls made while leading must end well within the margin between the renew deadline and
@@ -90,11 +87,15 @@ absl::Status ShardReplicator::Init() {
   shard_factory.follow_definitions = true;
   shard_factory.informer.clock = options_.clock;
   shard_factory.informer.reflector.backoff = relist;
+  shard_factory.informer.reflector.watch_idle_timeout = options_.watch_idle_timeout;
+  shard_factory.informer.reflector.registry = options_.registry;
   ASSIGN_OR_RETURN(shard_informers_, DynamicInformerFactory::Create(shard_stub_, shard_factory));
   DynamicInformerFactory::Options cache_factory;
   cache_factory.follow_definitions = false;
   cache_factory.informer.clock = options_.clock;
   cache_factory.informer.reflector.backoff = relist;
+  cache_factory.informer.reflector.watch_idle_timeout = options_.watch_idle_timeout;
+  cache_factory.informer.reflector.registry = options_.registry;
   ASSIGN_OR_RETURN(cache_informers_, DynamicInformerFactory::Create(cache_stub_, cache_factory));
   ASSIGN_OR_RETURN(ccrs_, shard_informers_->ForResource(CcrResource()));
   ListWatchFilters mine;

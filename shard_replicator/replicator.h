@@ -51,6 +51,11 @@ class ShardReplicator {
     absl::Duration retry_period = absl::Seconds(2);
     int workers = 4;
     absl::Duration resync_period = absl::Minutes(5);
+    // gRPC keepalive of the channels to the shard store and the cache.
+    KeepaliveOptions keepalive;
+    // A watch of either store that receives neither an event nor a bookmark for this long is
+    // taken for dead and opened again (Reflector::Options::watch_idle_timeout). Zero: never.
+    absl::Duration watch_idle_timeout = absl::Seconds(15);
     const Clock* clock = RealClock::Get();
     std::shared_ptr<prometheus::Registry> registry;  // required
   };

@@ -42,6 +42,15 @@ ABSL_FLAG(std::string, http_listen, "127.0.0.1:8080",
 ABSL_FLAG(std::string, port_file, "",
           "if set, once serving, write the bound HTTP port here as "
           "a line http_port=N");
+ABSL_FLAG(absl::Duration, keepalive_time, absl::Seconds(10),
+          "how often the connections to the shard store and the cache are pinged (HTTP/2 PING), "
+          "so that a connection whose peer vanished without a reset is found and replaced; the "
+          "servers' --keepalive-min-client-interval must not exceed it");
+ABSL_FLAG(absl::Duration, keepalive_timeout, absl::Seconds(5),
+          "a connection whose keepalive ping is not answered within this time is closed");
+ABSL_FLAG(absl::Duration, watch_idle_timeout, absl::Seconds(15),
+          "a watch that receives neither an event nor a bookmark for this long is taken for dead "
+          "and opened again (a few times the stores' --bookmark-interval; 0: never)");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off");
 
 namespace shardcache {
@@ -106,6 +115,9 @@ int Run() {
   options.retry_period = absl::GetFlag(FLAGS_retry_period);
   options.workers = absl::GetFlag(FLAGS_workers);
   options.resync_period = absl::GetFlag(FLAGS_resync_period);
+  options.keepalive.time = absl::GetFlag(FLAGS_keepalive_time);
+  options.keepalive.timeout = absl::GetFlag(FLAGS_keepalive_timeout);
+  options.watch_idle_timeout = absl::GetFlag(FLAGS_watch_idle_timeout);
   auto registry = std::make_shared<prometheus::Registry>();
   RegisterBuildInfo(*registry);
   options.registry = registry;
