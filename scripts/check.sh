@@ -12,9 +12,10 @@
 #   scripts/check.sh            both stages
 #   scripts/check.sh tsan       only the named stages
 #
-# A sanitizer stops the process at its first finding. Every report, whether from a test binary or
-# from a server it started, is written to build-*/sanitizer-reports/ and fails the stage, even if
-# the test itself passed. Works from any directory; configures each build directory once.
+# Each stage runs even if an earlier one failed, and the exit status is 1 if any failed; a build
+# error stops at once. A sanitizer stops a process at its first report. Every report, from a test
+# binary or from a server it started, is written to build-*/sanitizer-reports/ and fails the
+# stage even if the test passed. Works from any directory.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -51,8 +52,10 @@ run_ctest() {
   return "$status"
 }
 
+failed=()
 for stage in "${stages[@]}"; do
   start=$SECONDS
+  status=0
   case "$stage" in
     asan)
       dir=build-asan
@@ -63,7 +66,7 @@ for stage in "${stages[@]}"; do
       rm -rf "$reports" && mkdir -p "$reports"
       ASAN_OPTIONS="log_path=$reports/asan:detect_leaks=1:strict_init_order=1:detect_stack_use_after_return=1" \
         UBSAN_OPTIONS="log_path=$reports/ubsan:print_stacktrace=1:halt_on_error=1" \
-        run_ctest "$dir" -LE process
+        run_ctest "$dir" -LE process || status=$?
       ;;
     tsan)
       dir=build-tsan
@@ -75,12 +78,21 @@ for stage in "${stages[@]}"; do
       reports="$root/$dir/sanitizer-reports"
       rm -rf "$reports" && mkdir -p "$reports"
       TSAN_OPTIONS="log_path=$reports/tsan" \
-        run_ctest "$dir" -L concurrency
+        run_ctest "$dir" -L concurrency || status=$?
       ;;
     *)
       echo "check.sh: unknown stage $stage (want asan or tsan)" >&2
       exit 2
       ;;
   esac
-  echo "check.sh: $stage passed in $((SECONDS - start)) s"
+  if ((status == 0)); then
+    echo "check.sh: $stage passed in $((SECONDS - start)) s"
+  else
+    echo "check.sh: $stage FAILED in $((SECONDS - start)) s" >&2
+    failed+=("$stage")
+  fi
 done
+if ((${#failed[@]})); then
+  echo "check.sh: failed: ${failed[*]}" >&2
+  exit 1
+fi
