@@ -257,7 +257,9 @@ absl::StatusOr<Options> OptionsFromFlags() {
   if (o.watch.watchers < 1 || o.watch.watchers > 100000) {
     return absl::InvalidArgumentError("--watchers: must be from 1 to 100000");
   }
-  absl::string_view rate = absl::GetFlag(FLAGS_write_rate);
+  // GetFlag returns a copy: keep it alive while `rate` views it.
+  const std::string rate_flag = absl::GetFlag(FLAGS_write_rate);
+  absl::string_view rate = rate_flag;
   absl::ConsumeSuffix(&rate, "/s");
   if (!absl::SimpleAtod(rate, &o.watch.write_rate) || !(o.watch.write_rate > 0) ||
       o.watch.write_rate > 100000) {

@@ -241,7 +241,6 @@ class LeaderElector {
   // concurrently and a term's start and end callbacks come in order. Acquired before mu_.
   absl::Mutex callback_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   std::string reported_leader_ ABSL_GUARDED_BY(callback_mu_);
-  bool reported_any_ ABSL_GUARDED_BY(callback_mu_) = false;
 
   // Threads started by Run(); joined by Stop().
   std::thread loop_thread_;

@@ -40,8 +40,6 @@ using ::shardcache::testing::WaitFor;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-constexpr absl::Duration kWait = absl::Seconds(20);
-
 const v1::GroupVersionResource kWidgets = Gvr("example.com", "v1", "widgets");
 
 // A recording sink: the content it has been given, by name, and a log of what happened.

@@ -76,29 +76,34 @@ int64_t Revision(const v1::WriteResponse& answer) {
   return rv;
 }
 
-// Collects answers from any thread; waits are bounded.
+// Collects answers from any thread; waits are bounded. The callbacks share its state, so that a
+// stream that outlives it (a test that stops at a failed ASSERT) can still answer into them.
 class Answers {
  public:
   WriteStream::AnswerCallback Callback() {
-    return [this](const v1::WriteResponse& answer) {
-      absl::MutexLock l(&mu_);
-      answers_.push_back(answer);
+    return [state = state_](const v1::WriteResponse& answer) {
+      absl::MutexLock l(&state->mu);
+      state->answers.push_back(answer);
     };
   }
   // Waits until at least `n` answers have arrived.
   bool WaitFor(size_t n, absl::Duration timeout = absl::Seconds(30)) {
-    absl::MutexLock l(&mu_);
-    auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return answers_.size() >= n; };
-    return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+    State& s = *state_;
+    absl::MutexLock l(&s.mu);
+    auto enough = [&s, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) { return s.answers.size() >= n; };
+    return s.mu.AwaitWithTimeout(absl::Condition(&enough), timeout);
   }
   std::vector<v1::WriteResponse> Get() {
-    absl::MutexLock l(&mu_);
-    return answers_;
+    absl::MutexLock l(&state_->mu);
+    return state_->answers;
   }
 
  private:
-  absl::Mutex mu_;
-  std::vector<v1::WriteResponse> answers_ ABSL_GUARDED_BY(mu_);
+  struct State {
+    absl::Mutex mu;
+    std::vector<v1::WriteResponse> answers ABSL_GUARDED_BY(mu);
+  };
+  const std::shared_ptr<State> state_ = std::make_shared<State>();
 };
 
 class WriteStreamTest : public ::testing::Test {

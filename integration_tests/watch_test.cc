@@ -32,7 +32,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr absl::Duration kWait = absl::Seconds(10);
 constexpr char kInitialEventsEnd[] = "k8s.io/initial-events-end";
 
 // An object with spec {"n": n}.

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages that building, running and testing shardcache need.
+# Installs the Debian 12 packages that building, running and testing shardcache need (clang, its
+# sanitizer runtimes and llvm's symbolizer are for scripts/check.sh's builds).
 # Idempotent and quick: it asks dpkg which packages are missing and runs apt-get only for those.
 set -euo pipefail
 
@@ -9,6 +10,7 @@ packages=(
   libspdlog-dev prometheus-cpp-dev libcpp-httplib-dev librocksdb-dev
   libgtest-dev libgmock-dev grpc-proto
   python3 python3-grpcio python3-protobuf procps
+  clang libclang-rt-14-dev llvm
 )
 
 missing=()
