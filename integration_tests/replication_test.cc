@@ -65,10 +65,19 @@ TEST_F(ReplicationTest, StatusWrittenOnlyWhenItChanges) {
   const std::vector<std::string> kCcrs = {"controller=\"clustercachedresources\""};
   double status_writes = Metric(shard_http, kRequests, kUpdateStatus);
   ASSERT_GT(status_writes, 0);
-  double reconciles = Metric(replica_->http_port(), kReconciles, kCcrs);
-  absl::SleepFor(absl::Seconds(2));
-  EXPECT_GE(Metric(replica_->http_port(), kReconciles, kCcrs), reconciles + 5)
-      << "the resync reconciles the CCR";
+  // Five reconciles, each of which would have written an unchanged status (a reconcile is
+  // counted once it has returned, after any write it made has been answered, and the store
+  // counts a request before it answers it).
+  auto five_more_reconciles = [&] {
+    double reconciles = Metric(replica_->http_port(), kReconciles, kCcrs);
+    return Eventually(
+        [&] { return Metric(replica_->http_port(), kReconciles, kCcrs) >= reconciles + 5; },
+        kConverge, "the resync reconciles the CCR five more times",
+        [&] {
+          return absl::StrCat(Metric(replica_->http_port(), kReconciles, kCcrs) - reconciles);
+        });
+  };
+  EXPECT_TRUE(five_more_reconciles());
   EXPECT_EQ(Metric(shard_http, kRequests, kUpdateStatus), status_writes)
       << "an unchanged status was written again";
 
@@ -76,7 +85,7 @@ TEST_F(ReplicationTest, StatusWrittenOnlyWhenItChanges) {
   EXPECT_TRUE(WaitForReady("widgets", 4));
   double counted = Metric(shard_http, kRequests, kUpdateStatus);
   EXPECT_GT(counted, status_writes);
-  absl::SleepFor(absl::Seconds(1));
+  EXPECT_TRUE(five_more_reconciles());
   EXPECT_EQ(Metric(shard_http, kRequests, kUpdateStatus), counted);
 }
 
@@ -444,7 +453,18 @@ TEST_F(ReplicationTest, ReadyOnceSynced) {
                  absl::Seconds(10), "/healthz answers 200"));
   std::string readyz = HttpGet(r->http_port(), "/readyz");
   EXPECT_TRUE(absl::StartsWith(readyz, "503")) << readyz;
-  absl::SleepFor(absl::Seconds(2));
+  // Not ready after it has listed the cache, and has tried and failed to list the shard store
+  // twice: the point where a readiness that ignored the shard store would say 200.
+  const int cache_http = cache_.process->http_port();
+  EXPECT_TRUE(Eventually(
+      [&] {
+        return Metric(cache_http, "shardcache_grpc_requests_total",
+                      {"method=\"List\"", "code=\"OK\""}) >= 1 &&
+               absl::StrContains(r->Log(), "list failed") &&
+               r->Log().find("list failed") != r->Log().rfind("list failed");
+      },
+      kConverge, "the cache was listed and two lists of the shard store failed",
+      [&] { return r->Log(); }));
   readyz = HttpGet(r->http_port(), "/readyz");
   EXPECT_TRUE(absl::StartsWith(readyz, "503")) << "ready with no shard store: " << readyz;
 
