@@ -453,17 +453,20 @@ TEST_F(ReplicationTest, ReadyOnceSynced) {
                  absl::Seconds(10), "/healthz answers 200"));
   std::string readyz = HttpGet(r->http_port(), "/readyz");
   EXPECT_TRUE(absl::StartsWith(readyz, "503")) << readyz;
-  // Not ready after it has listed the cache, and has tried and failed to list the shard store
-  // twice: the point where a readiness that ignored the shard store would say 200.
+  // Not ready once it has listed the cache and failed to list the shard store (both of its
+  // informers there): the point where a readiness that ignored the shard store would say 200.
   const int cache_http = cache_.process->http_port();
   EXPECT_TRUE(Eventually(
       [&] {
         return Metric(cache_http, "shardcache_grpc_requests_total",
                       {"method=\"List\"", "code=\"OK\""}) >= 1 &&
-               absl::StrContains(r->Log(), "list failed") &&
-               r->Log().find("list failed") != r->Log().rfind("list failed");
+               absl::StrContains(
+                   r->Log(), "reflector resourcedefinitions.core.shardcache.io/v1: list failed") &&
+               absl::StrContains(
+                   r->Log(),
+                   "reflector clustercachedresources.cache.shardcache.io/v1alpha1: list failed");
       },
-      kConverge, "the cache was listed and two lists of the shard store failed",
+      kConverge, "the cache was listed and both lists of the shard store failed",
       [&] { return r->Log(); }));
   readyz = HttpGet(r->http_port(), "/readyz");
   EXPECT_TRUE(absl::StartsWith(readyz, "503")) << "ready with no shard store: " << readyz;
