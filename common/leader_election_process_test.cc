@@ -343,8 +343,10 @@ TEST_F(LeaderElectionProcessTest, LeaderThatLosesTheStore_StopsByItsRenewDeadlin
 
   Steady::time_point frozen = Steady::now();
   server_->Signal(SIGSTOP);  // the store stops answering; calls time out
-  ASSERT_TRUE(Eventually([&] { return !c->elector->IsLeader(); }, absl::Seconds(5),
-                         "the leader to stop leading"));
+  // IsLeader() turns false first, then on_stopped_leading records the term's end: wait for both.
+  ASSERT_TRUE(Eventually(
+      [&] { return !c->elector->IsLeader() && log_.Terms()[before - 1].end.has_value(); },
+      absl::Seconds(5), "the leader to stop leading"));
   TermLog::Term old = log_.Terms()[before - 1];
   ASSERT_TRUE(old.end.has_value());
   absl::Duration stopped_after = Since(frozen, *old.end);
