@@ -83,6 +83,10 @@ TEST_F(ReplicationTest, StatusWrittenOnlyWhenItChanges) {
 
   ASSERT_TRUE(CreateIn(shard(), WidgetsGvr(), Widget("w4")).ok());
   EXPECT_TRUE(WaitForReady("widgets", 4));
+  // The CCR's copy in the cache is written from the replicator's informer: once it equals the
+  // CCR, that informer has seen the status just written, and a reconcile no longer compares
+  // against (and writes over) the status before it.
+  EXPECT_TRUE(WaitForCcrCopy("widgets"));
   double counted = Metric(shard_http, kRequests, kUpdateStatus);
   EXPECT_GT(counted, status_writes);
   EXPECT_TRUE(five_more_reconciles());
