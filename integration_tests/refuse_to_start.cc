@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -41,6 +42,9 @@ RunResult RunToExit(const std::string& binary, const std::vector<std::string>& l
   if (pid == 0) {
     int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd >= 0) dup2(fd, STDERR_FILENO);
+    // Its own working directory: what a run creates by default (cache_server's data directory,
+    // shardcache-data) is its own, not shared with runs of other tests at the same time.
+    if (chdir(dir.c_str()) != 0) _exit(126);
     std::vector<char*> cargv;
     for (auto& a : argv) cargv.push_back(a.data());
     cargv.push_back(nullptr);
@@ -74,6 +78,8 @@ RunResult RunToExit(const std::string& binary, const std::vector<std::string>& l
   std::stringstream ss;
   ss << in.rdbuf();
   r.stderr_text = ss.str();
+  std::error_code ignored;
+  std::filesystem::remove_all(dir + "/shardcache-data", ignored);  // RocksDB preallocates
   return r;
 }
 
