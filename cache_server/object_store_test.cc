@@ -669,6 +669,11 @@ class GatedStorage : public Storage {
     absl::MutexLock l(&mu_);
     return batches_;
   }
+  // Commits that have returned.
+  int committed() {
+    absl::MutexLock l(&mu_);
+    return committed_;
+  }
 
  private:
   absl::Mutex mu_;
@@ -686,17 +691,20 @@ TEST_F(ObjectStoreTest, Durability_ClaimAloneIsCommittedBeforeItIsAnswered) {
   store_ = std::make_unique<ObjectStore>(o, &cache_, &metrics_);
   absl::Notification answered;
   absl::StatusOr<int64_t> result;
+  int committed_when_answered = -1;
   store_->ClaimEpochAsync(Claim("s1", 3), [&](absl::StatusOr<int64_t> r) {
     result = std::move(r);
+    committed_when_answered = storage.committed();
     answered.Notify();
   });
   // The committer writes a batch holding only the epoch (nothing else is pending)...
   ASSERT_TRUE(storage.WaitForEpochCommit("s1")) << "the claim was never committed";
-  // ...and the claim is not answered while that commit is in progress.
-  EXPECT_FALSE(answered.WaitForNotificationWithTimeout(absl::Milliseconds(200)))
-      << "the claim was answered before it was durable";
+  // ...and the claim is not answered while that commit is in progress: not yet, and when it is,
+  // the commit has returned.
+  EXPECT_FALSE(answered.HasBeenNotified()) << "the claim was answered before it was durable";
   storage.Open();
   ASSERT_TRUE(answered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(committed_when_answered, 1) << "the claim was answered before it was durable";
   EXPECT_THAT(result, HoldsEpoch(3));
   std::vector<CommitBatch> batches = storage.batches();
   ASSERT_EQ(batches.size(), 1u);

@@ -26,10 +26,10 @@ namespace {
 using ::shardcache::testing::Gvr;
 
 using ::shardcache::testing::Context;
+using ::shardcache::testing::Eventually;
 using ::shardcache::testing::IsOk;
 using ::shardcache::testing::ServerProcess;
 using ::shardcache::testing::StatusIs;
-using ::shardcache::testing::WaitFor;
 using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -219,7 +219,8 @@ TEST_F(DynamicInformerFactoryTest, ForResource_ReturnsOneRunningInformerPerResou
   StartServer({"--role=shard"});
   Define("widgets");
   MakeFactory(true);
-  ASSERT_TRUE(WaitFor([&] { return factory_->IsServed(kWidgets); }));
+  ASSERT_TRUE(
+      Eventually([&] { return factory_->IsServed(kWidgets); }, "factory_->IsServed(kWidgets)"));
   auto a = factory_->ForResource(kWidgets);
   auto b = factory_->ForResource(kWidgets);
   ListWatchFilters cluster;
@@ -240,17 +241,19 @@ TEST_F(DynamicInformerFactoryTest,
   Define("widgets");
   Put(kWidgets, "w0");
   MakeFactory(true);
-  ASSERT_TRUE(WaitFor([&] { return factory_->IsServed(kWidgets); }));
+  ASSERT_TRUE(
+      Eventually([&] { return factory_->IsServed(kWidgets); }, "factory_->IsServed(kWidgets)"));
   auto first = factory_->ForResource(kWidgets);
   ASSERT_THAT(first, IsOk());
   std::shared_ptr<SharedInformer> old_informer = *first;
   Watcher user(old_informer);
-  ASSERT_TRUE(WaitFor([&] { return user.Added("w0"); }));
+  ASSERT_TRUE(Eventually([&] { return user.Added("w0"); }, "user.Added(\"w0\")"));
   Put(kWidgets, "live");  // seen live: the watch is open when the definition goes
-  ASSERT_TRUE(WaitFor([&] { return user.Added("live"); }));
+  ASSERT_TRUE(Eventually([&] { return user.Added("live"); }, "user.Added(\"live\")"));
 
   Undefine("widgets");
-  ASSERT_TRUE(WaitFor([&] { return !user.StopReasons().empty(); }));
+  ASSERT_TRUE(
+      Eventually([&] { return !user.StopReasons().empty(); }, "!user.StopReasons().empty()"));
   EXPECT_THAT(user.StopReasons(),
               ElementsAre(StatusIs(absl::StatusCode::kNotFound, HasSubstr("no longer served"))));
   EXPECT_TRUE(old_informer->IsStopped());
@@ -258,18 +261,20 @@ TEST_F(DynamicInformerFactoryTest,
               StatusIs(absl::StatusCode::kFailedPrecondition));
   // Once the factory has seen the deletion, the resource is not served: NOT_FOUND, never the
   // stopped informer.
-  ASSERT_TRUE(WaitFor([&] { return !factory_->IsServed(kWidgets); }));
+  ASSERT_TRUE(
+      Eventually([&] { return !factory_->IsServed(kWidgets); }, "!factory_->IsServed(kWidgets)"));
   EXPECT_THAT(factory_->ForResource(kWidgets), StatusIs(absl::StatusCode::kNotFound));
 
   Define("widgets");
   Put(kWidgets, "w1");
-  ASSERT_TRUE(WaitFor([&] { return factory_->IsServed(kWidgets); }));
+  ASSERT_TRUE(
+      Eventually([&] { return factory_->IsServed(kWidgets); }, "factory_->IsServed(kWidgets)"));
   auto second = factory_->ForResource(kWidgets);
   ASSERT_THAT(second, IsOk());
   EXPECT_NE(second->get(), old_informer.get()) << "a recreated definition needs a new informer";
   EXPECT_FALSE((*second)->IsStopped());
   Watcher new_user(*second);
-  ASSERT_TRUE(WaitFor([&] { return new_user.Added("w1"); }));
+  ASSERT_TRUE(Eventually([&] { return new_user.Added("w1"); }, "new_user.Added(\"w1\")"));
   EXPECT_TRUE(new_user.StopReasons().empty());
   EXPECT_TRUE(old_informer->IsStopped());
 }
@@ -278,7 +283,8 @@ TEST_F(DynamicInformerFactoryTest, VersionNoLongerServed_StopsThatVersionsInform
   StartServer({"--role=shard"});
   Define("widgets", {{"v1", true}, {"v2", true}});
   MakeFactory(true);
-  ASSERT_TRUE(WaitFor([&] { return factory_->IsServed(kWidgetsV2); }));
+  ASSERT_TRUE(
+      Eventually([&] { return factory_->IsServed(kWidgetsV2); }, "factory_->IsServed(kWidgetsV2)"));
   auto v1 = factory_->ForResource(kWidgets);
   auto v2 = factory_->ForResource(kWidgetsV2);
   ASSERT_THAT(v1, IsOk());
@@ -287,9 +293,11 @@ TEST_F(DynamicInformerFactoryTest, VersionNoLongerServed_StopsThatVersionsInform
   Watcher v2_user(*v2);
 
   Define("widgets", {{"v1", true}, {"v2", false}});
-  ASSERT_TRUE(WaitFor([&] { return !v2_user.StopReasons().empty(); }));
+  ASSERT_TRUE(
+      Eventually([&] { return !v2_user.StopReasons().empty(); }, "!v2_user.StopReasons().empty()"));
   EXPECT_THAT(v2_user.StopReasons()[0], StatusIs(absl::StatusCode::kNotFound));
-  ASSERT_TRUE(WaitFor([&] { return !factory_->IsServed(kWidgetsV2); }));
+  ASSERT_TRUE(Eventually([&] { return !factory_->IsServed(kWidgetsV2); },
+                         "!factory_->IsServed(kWidgetsV2)"));
   EXPECT_THAT(factory_->ForResource(kWidgetsV2), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_TRUE(factory_->IsServed(kWidgets));
   EXPECT_FALSE((*v1)->IsStopped());
@@ -304,7 +312,7 @@ TEST_F(DynamicInformerFactoryTest, Subscribers_AreToldWhatIsServed_ThenEveryChan
   MakeFactory(true);
   EventLog early;
   Subscription early_sub = factory_->Subscribe(early.Listener());
-  ASSERT_TRUE(WaitFor([&] { return early.Events().size() >= 4; }));
+  ASSERT_TRUE(Eventually([&] { return early.Events().size() >= 4; }, "early.Events().size() >= 4"));
   EXPECT_THAT(early.Events(),
               UnorderedElementsAre("SERVED resourcedefinitions.core.shardcache.io/v1",
                                    "SERVED leases.coordination.shardcache.io/v1",
@@ -312,9 +320,11 @@ TEST_F(DynamicInformerFactoryTest, Subscribers_AreToldWhatIsServed_ThenEveryChan
                                    "SERVED gadgets.example.com/v1"));
 
   Define("widgets");
-  ASSERT_TRUE(WaitFor([&] { return early.Has("SERVED widgets.example.com/v1"); }));
+  ASSERT_TRUE(Eventually([&] { return early.Has("SERVED widgets.example.com/v1"); },
+                         "early.Has(\"SERVED widgets.example.com/v1\")"));
   Undefine("widgets");
-  ASSERT_TRUE(WaitFor([&] { return early.Has("UNSERVED widgets.example.com/v1"); }));
+  ASSERT_TRUE(Eventually([&] { return early.Has("UNSERVED widgets.example.com/v1"); },
+                         "early.Has(\"UNSERVED widgets.example.com/v1\")"));
   std::vector<std::string> events = early.Events();
   EXPECT_THAT(std::vector<std::string>(events.begin() + 4, events.end()),
               ElementsAre("SERVED widgets.example.com/v1", "UNSERVED widgets.example.com/v1"));
@@ -322,7 +332,7 @@ TEST_F(DynamicInformerFactoryTest, Subscribers_AreToldWhatIsServed_ThenEveryChan
   // A late subscriber hears what is served now, and not what came and went before it.
   EventLog late;
   Subscription late_sub = factory_->Subscribe(late.Listener());
-  ASSERT_TRUE(WaitFor([&] { return late.Events().size() >= 4; }));
+  ASSERT_TRUE(Eventually([&] { return late.Events().size() >= 4; }, "late.Events().size() >= 4"));
   EXPECT_THAT(late.Events(), Contains("SERVED gadgets.example.com/v1"));
   EXPECT_THAT(late.Events(), Not(Contains(HasSubstr("widgets"))));
 
@@ -330,10 +340,12 @@ TEST_F(DynamicInformerFactoryTest, Subscribers_AreToldWhatIsServed_ThenEveryChan
   late_sub.Cancel();
   size_t late_count = late.Events().size();
   Define("widgets");
-  ASSERT_TRUE(WaitFor([&] {
-    std::vector<std::string> e = early.Events();
-    return std::count(e.begin(), e.end(), "SERVED widgets.example.com/v1") == 2;
-  }));
+  ASSERT_TRUE(Eventually(
+      [&] {
+        std::vector<std::string> e = early.Events();
+        return std::count(e.begin(), e.end(), "SERVED widgets.example.com/v1") == 2;
+      },
+      "widgets served twice", [&] { return ::testing::PrintToString(early.Events()); }));
   EXPECT_EQ(late.Events().size(), late_count);
 }
 
@@ -346,12 +358,13 @@ TEST_F(DynamicInformerFactoryTest, CacheRole_ServesWhatItIsTold) {
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("ServeAlways")));
   ASSERT_THAT(factory_->ServeAlways(kWidgets), IsOk());
   ASSERT_THAT(factory_->ServeAlways(kWidgets), IsOk());  // once is enough; twice is harmless
-  ASSERT_TRUE(WaitFor([&] { return log.Has("SERVED widgets.example.com/v1"); }));
+  ASSERT_TRUE(Eventually([&] { return log.Has("SERVED widgets.example.com/v1"); },
+                         "log.Has(\"SERVED widgets.example.com/v1\")"));
   auto informer = factory_->ForResource(kWidgets);
   ASSERT_THAT(informer, IsOk());
   Put(kWidgets, "w0");
   Watcher user(*informer);
-  ASSERT_TRUE(WaitFor([&] { return user.Added("w0"); }));
+  ASSERT_TRUE(Eventually([&] { return user.Added("w0"); }, "user.Added(\"w0\")"));
   EXPECT_THAT(factory_->ServedResources().size(), 4u);
   std::vector<std::string> events = log.Events();
   EXPECT_EQ(std::count(events.begin(), events.end(), "SERVED widgets.example.com/v1"), 1);

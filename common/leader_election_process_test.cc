@@ -24,11 +24,13 @@
 #include "common/lease_lock.h"
 #include "common/testing/server_process.h"
 #include "common/testing/status_matchers.h"
+#include "common/testing/wait.h"
 #include "shardcache/v1/store.grpc.pb.h"
 
 namespace shardcache {
 namespace {
 
+using ::shardcache::testing::Eventually;
 using ::shardcache::testing::IsOk;
 using ::shardcache::testing::StatusIs;
 using Steady = std::chrono::steady_clock;
@@ -42,20 +44,6 @@ constexpr absl::Duration kSlack = absl::Milliseconds(400);
 
 absl::Duration Since(Steady::time_point from, Steady::time_point to) {
   return absl::FromChrono(to - from);
-}
-
-// Polls `cond` every 5 ms until it holds or `timeout` passes.
-::testing::AssertionResult Eventually(const std::function<bool()>& cond, absl::Duration timeout,
-                                      const std::string& what) {
-  absl::Time deadline = absl::Now() + timeout;
-  while (!cond()) {
-    if (absl::Now() > deadline) {
-      return ::testing::AssertionFailure()
-             << "timed out after " << timeout << " waiting for " << what;
-    }
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return ::testing::AssertionSuccess();
 }
 
 // A lock that can be cut off from the store: every call fails while broken, as if the replica
@@ -255,8 +243,7 @@ TEST_F(LeaderElectionProcessTest, LeaseLock_OptimisticConcurrencyAgainstTheStore
   req.set_namespace_("kube-system");
   req.set_name("shard-a");
   v1::Object object;
-  grpc::ClientContext ctx;
-  ASSERT_TRUE(stub_->Get(&ctx, req, &object).ok());
+  ASSERT_TRUE(stub_->Get(testing::Context().get(), req, &object).ok());
   EXPECT_EQ(object.spec().fields().at("holderIdentity").string_value(), "a");
   EXPECT_EQ(object.spec().fields().at("leaseDurationSeconds").number_value(), 15);
   EXPECT_EQ(object.spec().fields().at("renewTime").string_value(), FormatMicroTime(r.renew_time));
@@ -356,8 +343,10 @@ TEST_F(LeaderElectionProcessTest, LeaderThatLosesTheStore_StopsByItsRenewDeadlin
 
   Steady::time_point frozen = Steady::now();
   server_->Signal(SIGSTOP);  // the store stops answering; calls time out
-  ASSERT_TRUE(Eventually([&] { return !c->elector->IsLeader(); }, absl::Seconds(5),
-                         "the leader to stop leading"));
+  // IsLeader() turns false first, then on_stopped_leading records the term's end: wait for both.
+  ASSERT_TRUE(Eventually(
+      [&] { return !c->elector->IsLeader() && log_.Terms()[before - 1].end.has_value(); },
+      absl::Seconds(5), "the leader to stop leading"));
   TermLog::Term old = log_.Terms()[before - 1];
   ASSERT_TRUE(old.end.has_value());
   absl::Duration stopped_after = Since(frozen, *old.end);

@@ -20,11 +20,13 @@
 #include "common/lease_lock.h"
 #include "common/status_macros.h"
 #include "common/testing/status_matchers.h"
+#include "common/testing/wait.h"
 #include "prometheus/registry.h"
 
 namespace shardcache {
 namespace {
 
+using ::shardcache::testing::Eventually;
 using ::shardcache::testing::IsOk;
 using ::shardcache::testing::StatusIs;
 using ::testing::ElementsAre;
@@ -599,17 +601,6 @@ TEST_F(LeaderElectorTest, Metrics_LeadingGaugeAndTermsCounter) {
 
 class LeaderElectorRunTest : public ::testing::Test {
  protected:
-  // Polls `cond` until it holds or `timeout` passes.
-  static ::testing::AssertionResult Eventually(const std::function<bool()>& cond,
-                                               absl::Duration timeout) {
-    absl::Time deadline = absl::Now() + timeout;
-    while (!cond()) {
-      if (absl::Now() > deadline) return ::testing::AssertionFailure() << "timed out";
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    return ::testing::AssertionSuccess();
-  }
-
   std::shared_ptr<FakeLeaseStore> store_ = std::make_shared<FakeLeaseStore>();
 };
 
@@ -626,9 +617,10 @@ TEST_F(LeaderElectorRunTest, Run_AcquiresRenewsAndStopReleases) {
   auto e = LeaderElector::Create(c);
   ASSERT_THAT(e, IsOk());
   (*e)->Run();
-  EXPECT_TRUE(Eventually([&] { return (*e)->IsLeader(); }, absl::Seconds(5)));
+  EXPECT_TRUE(Eventually([&] { return (*e)->IsLeader(); }, absl::Seconds(5), "(*e)->IsLeader()"));
   int calls = lock->calls();
-  EXPECT_TRUE(Eventually([&] { return lock->calls() >= calls + 3; }, absl::Seconds(5)))
+  EXPECT_TRUE(Eventually([&] { return lock->calls() >= calls + 3; }, absl::Seconds(5),
+                         "lock->calls() >= calls + 3"))
       << "renews every retry period";
   EXPECT_TRUE((*e)->IsLeader());
   (*e)->Stop();
@@ -658,7 +650,7 @@ TEST_F(LeaderElectorRunTest, Watchdog_RenewalHangs_StillStopsLeadingByRenewDeadl
   auto e = LeaderElector::Create(c);
   ASSERT_THAT(e, IsOk());
   (*e)->Run();
-  ASSERT_TRUE(Eventually([&] { return (*e)->IsLeader(); }, absl::Seconds(5)));
+  ASSERT_TRUE(Eventually([&] { return (*e)->IsLeader(); }, absl::Seconds(5), "(*e)->IsLeader()"));
   absl::Time hung = absl::Now();
   lock->Hang();  // the next call blocks: no renewal succeeds after `hung`
   ASSERT_TRUE(Eventually(
@@ -666,7 +658,7 @@ TEST_F(LeaderElectorRunTest, Watchdog_RenewalHangs_StillStopsLeadingByRenewDeadl
         absl::MutexLock l(&mu);
         return stop.has_value();
       },
-      absl::Seconds(5)));
+      absl::Seconds(5), "the term ends"));
   absl::Duration after = *stop - hung;
   // The last successful renewal started at most one retry period before `hung`.
   EXPECT_LE(after, c.renew_deadline + absl::Milliseconds(100)) << after;
@@ -693,10 +685,11 @@ TEST_F(LeaderElectorRunTest, Resign_FromTheLeadersWork_WatchdogEndsTermAtOnce) {
   auto e = LeaderElector::Create(c);
   ASSERT_THAT(e, IsOk());
   (*e)->Run();
-  ASSERT_TRUE(Eventually([&] { return (*e)->IsLeader(); }, absl::Seconds(5)));
+  ASSERT_TRUE(Eventually([&] { return (*e)->IsLeader(); }, absl::Seconds(5), "(*e)->IsLeader()"));
   absl::Time resigned = absl::Now();
   (*e)->Resign(first_epoch.load(), "fenced");
-  ASSERT_TRUE(Eventually([&] { return stopped.load() == 1; }, absl::Seconds(5)));
+  ASSERT_TRUE(
+      Eventually([&] { return stopped.load() == 1; }, absl::Seconds(5), "stopped.load() == 1"));
   EXPECT_LT(absl::Now() - resigned, absl::Seconds(5));
   EXPECT_FALSE((*e)->IsLeader()) << "the next attempt waits a retry period";
   (*e)->Stop();
@@ -824,11 +817,17 @@ TEST(CancellationTest, RemoveCallback_WhileRunning_WaitsForIt) {
   });
   std::thread t([&] { source.Cancel(); });
   entered.WaitForNotification();
+  // The callback is released once this thread is blocked inside RemoveCallback (or has
+  // returned from it: then `done` is still false and the check below fails).
+  const pid_t self = testing::ThisThreadId();
+  std::atomic<bool> removed{false};
   std::thread releaser([&] {
-    absl::SleepFor(absl::Milliseconds(50));
+    EXPECT_TRUE(testing::Eventually([&] { return removed.load() || testing::ThreadAsleep(self); },
+                                    "RemoveCallback returns or blocks"));
     finish.Notify();
   });
   token.RemoveCallback(id);
+  removed = true;
   EXPECT_TRUE(done.load()) << "RemoveCallback returned while the callback still ran";
   t.join();
   releaser.join();

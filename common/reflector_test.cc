@@ -34,9 +34,9 @@ namespace {
 using ::shardcache::testing::Context;
 using ::shardcache::testing::Gvr;
 
+using ::shardcache::testing::Eventually;
 using ::shardcache::testing::ServerProcess;
 using ::shardcache::testing::StatusIs;
-using ::shardcache::testing::WaitFor;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -212,7 +212,7 @@ TEST_F(ReflectorTest, ListThenWatch_DeliversEverything) {
   for (int i = 0; i < 5; ++i) Put(kWidgets, absl::StrCat("w", i));  // three pages of two
   MakeReflector(kWidgets, FastOptions());
   reflector_->Start();
-  ASSERT_TRUE(WaitFor([&] { return reflector_->HasSynced(); }));
+  ASSERT_TRUE(Eventually([&] { return reflector_->HasSynced(); }, "reflector_->HasSynced()"));
   EXPECT_EQ(sink_.Content(), ServerContent(kWidgets));
   EXPECT_EQ(sink_.Content().size(), 5u);
 
@@ -220,7 +220,7 @@ TEST_F(ReflectorTest, ListThenWatch_DeliversEverything) {
   Put(kWidgets, "w0", "blue");
   Remove(kWidgets, "w1");
   std::map<std::string, std::string> want = ServerContent(kWidgets);
-  ASSERT_TRUE(WaitFor([&] { return sink_.Content() == want; }))
+  ASSERT_TRUE(Eventually([&] { return sink_.Content() == want; }, "sink_.Content() == want"))
       << ::testing::PrintToString(sink_.Log());
   EXPECT_THAT(sink_.Log(),
               ElementsAre(HasSubstr("REPLACE 5@"), "ADD w5", "UPDATE w0", "DELETE w1"));
@@ -228,7 +228,7 @@ TEST_F(ReflectorTest, ListThenWatch_DeliversEverything) {
   EXPECT_EQ(reflector_->watches_started(), 1);
 
   // Bookmarks keep the last resourceVersion fresh.
-  ASSERT_TRUE(WaitFor([&] { return sink_.bookmarks() > 0; }));
+  ASSERT_TRUE(Eventually([&] { return sink_.bookmarks() > 0; }, "sink_.bookmarks() > 0"));
   reflector_->Stop();
   EXPECT_TRUE(reflector_->IsStopped());
   EXPECT_EQ(sink_.stopped_calls(), 1);
@@ -240,9 +240,10 @@ TEST_F(ReflectorTest, Resume_AfterServerRestart_DoesNotRelist) {
   Put(kWidgets, "before");
   MakeReflector(kWidgets, FastOptions());
   reflector_->Start();
-  ASSERT_TRUE(WaitFor([&] { return reflector_->HasSynced(); }));
+  ASSERT_TRUE(Eventually([&] { return reflector_->HasSynced(); }, "reflector_->HasSynced()"));
   Put(kWidgets, "live");
-  ASSERT_TRUE(WaitFor([&] { return sink_.Content().count("live") > 0; }));
+  ASSERT_TRUE(Eventually([&] { return sink_.Content().count("live") > 0; },
+                         "sink_.Content().count(\"live\") > 0"));
   const int64_t watches_before = reflector_->watches_started();
 
   // The server drops every watch on SIGTERM; it comes back on the same port with the same data.
@@ -254,7 +255,7 @@ TEST_F(ReflectorTest, Resume_AfterServerRestart_DoesNotRelist) {
   Put(kWidgets, "before", "green");
 
   std::map<std::string, std::string> want = ServerContent(kWidgets);
-  ASSERT_TRUE(WaitFor([&] { return sink_.Content() == want; }))
+  ASSERT_TRUE(Eventually([&] { return sink_.Content() == want; }, "sink_.Content() == want"))
       << ::testing::PrintToString(sink_.Log());
   EXPECT_EQ(reflector_->lists_started(), 1) << "the reflector listed again after a stream drop";
   EXPECT_EQ(sink_.replaces(), 1);
@@ -302,10 +303,10 @@ TEST_F(ReflectorTest, PagedListExpired_ListsAgainInOnePage) {
   ASSERT_TRUE(r.ok()) << r.status();
   reflector_ = *std::move(r);
   reflector_->Start();
-  ASSERT_TRUE(WaitFor([&] { return reflector_->HasSynced(); }));
+  ASSERT_TRUE(Eventually([&] { return reflector_->HasSynced(); }, "reflector_->HasSynced()"));
   std::map<std::string, std::string> want = ServerContent(kWidgets);
   EXPECT_EQ(want.size(), 12u);
-  ASSERT_TRUE(WaitFor([&] { return sink_.Content() == want; }))
+  ASSERT_TRUE(Eventually([&] { return sink_.Content() == want; }, "sink_.Content() == want"))
       << ::testing::PrintToString(sink_.Log());
   // One list: a first page of 2, a second page refused (expired), then everything in one page.
   EXPECT_EQ(reflector_->lists_started(), 1);
@@ -323,11 +324,12 @@ TEST_F(ReflectorTest, Relist_AfterTooOldResourceVersion) {
   options.backoff.jitter = 0;
   MakeReflector(kWidgets, options);
   reflector_->Start();
-  ASSERT_TRUE(WaitFor([&] { return reflector_->HasSynced(); }));
+  ASSERT_TRUE(Eventually([&] { return reflector_->HasSynced(); }, "reflector_->HasSynced()"));
 
   // Stop the server: the watch ends and the reflector waits out its backoff on the fake clock.
   ASSERT_EQ(server_->Stop(), 0);
-  ASSERT_TRUE(WaitFor([&] { return reflector_->backoff_waits() >= 1; }));
+  ASSERT_TRUE(Eventually([&] { return reflector_->backoff_waits() >= 1; },
+                         "reflector_->backoff_waits() >= 1"));
   ASSERT_TRUE(server_->Start().ok());
   ASSERT_TRUE(channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + kWait)));
   // Seven events while the reflector waits: its revision leaves the five-event history window.
@@ -337,12 +339,14 @@ TEST_F(ReflectorTest, Relist_AfterTooOldResourceVersion) {
 
   // Move the clock until the reflector has listed again (a retry may meet the channel still
   // reconnecting, and wait again on the clock).
-  ASSERT_TRUE(WaitFor([&] {
-    clock.Advance(absl::Minutes(1));
-    return reflector_->lists_started() >= 2;
-  }));
+  ASSERT_TRUE(Eventually(
+      [&] {
+        clock.Advance(absl::Minutes(1));
+        return reflector_->lists_started() >= 2;
+      },
+      "a second list after advancing the clock"));
   std::map<std::string, std::string> want = ServerContent(kWidgets);
-  ASSERT_TRUE(WaitFor([&] { return sink_.Content() == want; }))
+  ASSERT_TRUE(Eventually([&] { return sink_.Content() == want; }, "sink_.Content() == want"))
       << ::testing::PrintToString(sink_.Log());
   EXPECT_EQ(reflector_->lists_started(), 2);
   EXPECT_EQ(sink_.replaces(), 2);
@@ -473,21 +477,22 @@ TEST_F(ReflectorTest, NotFound_WhenTheDefinitionIsDeleted_StopsTheReflector) {
 
   MakeReflector(kWidgets, FastOptions());
   reflector_->Start();
-  ASSERT_TRUE(WaitFor([&] { return reflector_->HasSynced(); }));
+  ASSERT_TRUE(Eventually([&] { return reflector_->HasSynced(); }, "reflector_->HasSynced()"));
   // A live event proves the watch is open: a watch that starts after the deletion gets
   // NOT_FOUND at once, without the DELETED events.
   Put(kWidgets, "w1");
-  ASSERT_TRUE(WaitFor([&] { return sink_.Content().count("w1") > 0; }));
+  ASSERT_TRUE(Eventually([&] { return sink_.Content().count("w1") > 0; },
+                         "sink_.Content().count(\"w1\") > 0"));
   v1::DeleteRequest del;
   *del.mutable_resource() = definitions;
   del.set_name("widgets.example.com");
   v1::DeleteResponse deleted;
   ASSERT_TRUE(stub_->Delete(Context().get(), del, &deleted).ok());
 
-  ASSERT_TRUE(WaitFor([&] { return reflector_->IsStopped(); }));
+  ASSERT_TRUE(Eventually([&] { return reflector_->IsStopped(); }, "reflector_->IsStopped()"));
   EXPECT_THAT(reflector_->StopReason(),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("no longer served")));
-  ASSERT_TRUE(WaitFor([&] { return sink_.stopped_calls() == 1; }));
+  ASSERT_TRUE(Eventually([&] { return sink_.stopped_calls() == 1; }, "sink_.stopped_calls() == 1"));
   EXPECT_THAT(sink_.stop_reason(), StatusIs(absl::StatusCode::kNotFound));
   // The DELETED events come first.
   EXPECT_THAT(sink_.Log(),
@@ -500,7 +505,7 @@ TEST_F(ReflectorTest, NotFound_ForAnUndefinedResource_StopsWithoutRetrying) {
   StartServer({"--role=shard"});
   MakeReflector(kWidgets, FastOptions());
   reflector_->Start();
-  ASSERT_TRUE(WaitFor([&] { return reflector_->IsStopped(); }));
+  ASSERT_TRUE(Eventually([&] { return reflector_->IsStopped(); }, "reflector_->IsStopped()"));
   EXPECT_THAT(reflector_->StopReason(), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_FALSE(reflector_->HasSynced());
   EXPECT_EQ(reflector_->lists_started(), 1);
@@ -551,13 +556,16 @@ TEST_F(ReflectorTest, Backoff_WaitsOnTheClock_AndStopInterruptsIt) {
   options.backoff.jitter = 0;
   MakeReflector(kWidgets, options);
   reflector_->Start();
-  ASSERT_TRUE(WaitFor([&] { return reflector_->backoff_waits() == 1; }));
+  ASSERT_TRUE(Eventually([&] { return reflector_->backoff_waits() == 1; },
+                         "reflector_->backoff_waits() == 1"));
   EXPECT_EQ(reflector_->lists_started(), 1);
   clock.Advance(absl::Seconds(1));  // the first delay: 1 s
-  ASSERT_TRUE(WaitFor([&] { return reflector_->backoff_waits() == 2; }));
+  ASSERT_TRUE(Eventually([&] { return reflector_->backoff_waits() == 2; },
+                         "reflector_->backoff_waits() == 2"));
   EXPECT_EQ(reflector_->lists_started(), 2);
   clock.Advance(absl::Seconds(2));  // then 2 s
-  ASSERT_TRUE(WaitFor([&] { return reflector_->backoff_waits() == 3; }));
+  ASSERT_TRUE(Eventually([&] { return reflector_->backoff_waits() == 3; },
+                         "reflector_->backoff_waits() == 3"));
   EXPECT_EQ(reflector_->lists_started(), 3);
 
   // Stop() ends the wait at once, although the clock does not move.

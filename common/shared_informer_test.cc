@@ -31,10 +31,10 @@ namespace {
 using ::shardcache::testing::Gvr;
 
 using ::shardcache::testing::Context;
+using ::shardcache::testing::Eventually;
 using ::shardcache::testing::IsOk;
 using ::shardcache::testing::ServerProcess;
 using ::shardcache::testing::StatusIs;
-using ::shardcache::testing::WaitFor;
 using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -56,13 +56,13 @@ std::string Color(const v1::Object& o) {
 class Recorder : public ResourceEventHandler {
  public:
   void OnAdd(const ObjectRef& o, bool initial) override {
-    Enter();
+    Call call(this);
     absl::MutexLock l(&mu_);
     log_.push_back(absl::StrCat("ADD ", o->metadata().name(), initial ? " initial" : ""));
     content_[o->metadata().name()] = o;
   }
   void OnUpdate(const ObjectRef& old_object, const ObjectRef& new_object) override {
-    Enter();
+    Call call(this);
     absl::MutexLock l(&mu_);
     if (old_object == new_object) {
       ++resyncs_;
@@ -72,7 +72,7 @@ class Recorder : public ResourceEventHandler {
     content_[new_object->metadata().name()] = new_object;
   }
   void OnDelete(const ObjectRef& o) override {
-    Enter();
+    Call call(this);
     absl::MutexLock l(&mu_);
     log_.push_back(absl::StrCat("DELETE ", o->metadata().name()));
     content_.erase(o->metadata().name());
@@ -115,20 +115,42 @@ class Recorder : public ResourceEventHandler {
     absl::MutexLock l(&mu_);
     return calls_;
   }
+  // Calls in progress right now (blocked on entry or running).
+  int in_call() const {
+    absl::MutexLock l(&mu_);
+    return in_call_;
+  }
 
  private:
+  // Called first by each call: counts it, waits while blocked. The call is in progress until
+  // the Leave() of its Call guard.
   void Enter() {
     absl::MutexLock l(&mu_);
     ++calls_;
+    ++in_call_;
     ++waiting_;
     auto free = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !blocked_; };
     mu_.Await(absl::Condition(&free));
     --waiting_;
   }
+  void Leave() {
+    absl::MutexLock l(&mu_);
+    --in_call_;
+  }
+  // Enter() now, Leave() when the call returns.
+  class Call {
+   public:
+    explicit Call(Recorder* r) : r_(r) { r_->Enter(); }
+    ~Call() { r_->Leave(); }
+
+   private:
+    Recorder* r_;
+  };
 
   mutable absl::Mutex mu_;
   bool blocked_ ABSL_GUARDED_BY(mu_) = false;
   int waiting_ ABSL_GUARDED_BY(mu_) = 0;
+  int in_call_ ABSL_GUARDED_BY(mu_) = 0;
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
   int resyncs_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> log_ ABSL_GUARDED_BY(mu_);
@@ -280,10 +302,10 @@ TEST_F(SharedInformerTest, NotFound_StopsTheInformer_TellsItsUsers_AndRefusesHan
   // A live event proves the watch is open: a watch that starts after the deletion gets
   // NOT_FOUND at once, without the DELETED events.
   Put("w1");
-  ASSERT_TRUE(WaitFor([&] { return recorder->Saw("ADD w1"); }));
+  ASSERT_TRUE(Eventually([&] { return recorder->Saw("ADD w1"); }, "recorder->Saw(\"ADD w1\")"));
 
   DeleteWidgetsDefinition();
-  ASSERT_TRUE(WaitFor([&] { return informer->IsStopped(); }));
+  ASSERT_TRUE(Eventually([&] { return informer->IsStopped(); }, "informer->IsStopped()"));
   EXPECT_THAT(informer->StopReason(),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("no longer served")));
   {
@@ -293,7 +315,8 @@ TEST_F(SharedInformerTest, NotFound_StopsTheInformer_TellsItsUsers_AndRefusesHan
   }
   EXPECT_FALSE(cancelled_called);
   // The handler got the deletes the store sent before NOT_FOUND.
-  ASSERT_TRUE(WaitFor([&] { return recorder->Saw("DELETE w0") && recorder->Saw("DELETE w1"); }));
+  ASSERT_TRUE(Eventually([&] { return recorder->Saw("DELETE w0") && recorder->Saw("DELETE w1"); },
+                         "recorder->Saw(\"DELETE w0\") && recorder->Saw(\"DELETE w1\")"));
   EXPECT_EQ(informer->store().Size(), 0u);
 
   // A late subscriber is told at once, on its own thread.
@@ -323,7 +346,8 @@ TEST_F(SharedInformerTest, LateHandler_ReceivesTheCurrentObjectsAsAdds) {
   Put("w2");
   Put("w0", "blue");
   Remove("w1");
-  ASSERT_TRUE(WaitFor([&] { return recorder->Content() == ServerContent(); }))
+  ASSERT_TRUE(Eventually([&] { return recorder->Content() == ServerContent(); },
+                         "recorder->Content() == ServerContent()"))
       << ::testing::PrintToString(recorder->Log());
   EXPECT_THAT(recorder->Log(), ElementsAre(HasSubstr("initial"), HasSubstr("initial"), "ADD w2",
                                            "UPDATE w0", "DELETE w1"));
@@ -341,7 +365,8 @@ TEST_F(SharedInformerTest, HasSynced_IsPerRegistration) {
   EXPECT_FALSE((*slow_reg)->HasSynced());
   ASSERT_THAT(informer->Run(), IsOk());
   ASSERT_TRUE(informer->WaitForSync(kWait));
-  ASSERT_TRUE(WaitFor([&] { return slow->waiting() == 1; }));  // stuck in its first add
+  ASSERT_TRUE(Eventually([&] { return slow->waiting() == 1; },
+                         "slow->waiting() == 1"));  // stuck in its first add
 
   auto fast = std::make_shared<Recorder>();
   auto fast_reg = informer->AddEventHandler(fast);
@@ -370,23 +395,36 @@ TEST_F(SharedInformerTest, RemoveEventHandler_StopsDelivery_AndWaitsForTheCallIn
 
   removed->Block();
   Put("w0");
-  ASSERT_TRUE(WaitFor([&] { return removed->waiting() == 1; }));  // inside OnAdd(w0)
+  ASSERT_TRUE(Eventually([&] { return removed->waiting() == 1; }, "the handler is inside OnAdd"));
   std::atomic<bool> returned{false};
+  std::atomic<pid_t> remover_tid{0};
+  std::atomic<int> in_call_at_return{-1};
   std::thread remover([&] {
+    remover_tid = testing::ThisThreadId();
     EXPECT_THAT(informer->RemoveEventHandler(removed_reg->get()), IsOk());
+    in_call_at_return = removed->in_call();
     returned = true;
   });
-  // It must not return while the handler's call is in progress (a bounded negative check).
-  absl::SleepFor(absl::Milliseconds(200));
+  // It must not return while the handler's call is in progress: once the remover thread is
+  // asleep inside RemoveEventHandler (nothing else blocks it: the informer is idle), it has
+  // either returned already or is waiting for the call. (No ASSERT: the thread must be joined.)
+  EXPECT_TRUE(Eventually(
+      [&] {
+        return returned.load() ||
+               (remover_tid.load() != 0 && testing::ThreadAsleep(remover_tid.load()));
+      },
+      "RemoveEventHandler returns or blocks"));
   EXPECT_FALSE(returned.load());
   removed->Unblock();
   remover.join();
   EXPECT_TRUE(returned.load());
+  EXPECT_EQ(in_call_at_return.load(), 0) << "returned while the handler's call was in progress";
   const int calls = removed->calls();
 
   Put("w1");
   Put("w0", "blue");
-  ASSERT_TRUE(WaitFor([&] { return sentinel->Saw("UPDATE w0"); }));
+  ASSERT_TRUE(
+      Eventually([&] { return sentinel->Saw("UPDATE w0"); }, "sentinel->Saw(\"UPDATE w0\")"));
   EXPECT_EQ(removed->calls(), calls);
   EXPECT_THAT(removed->Log(), Not(Contains("ADD w1")));
   // Idempotent, also through the registration's destructor.
@@ -420,7 +458,8 @@ TEST_F(SharedInformerTest, RemoveEventHandler_FromInsideItsOwnHandler_ReturnsAtO
   ASSERT_THAT(sentinel_reg, IsOk());
   Put("remove-me");
   Put("after");
-  ASSERT_TRUE(WaitFor([&] { return sentinel->Saw("ADD after"); }));
+  ASSERT_TRUE(
+      Eventually([&] { return sentinel->Saw("ADD after"); }, "sentinel->Saw(\"ADD after\")"));
   absl::MutexLock l(&mu);
   EXPECT_THAT(removal, IsOk());
   EXPECT_THAT(seen, ElementsAre("remove-me"));
@@ -447,7 +486,8 @@ TEST_F(SharedInformerTest, FilteringHandler_UpdatesThatCrossTheFilterBecomeAddOr
   Remove("a");             // did not match: nothing
   Remove("b");             // matched: a delete
   Put("sentinel", "red");
-  ASSERT_TRUE(WaitFor([&] { return recorder->Saw("ADD sentinel"); }));
+  ASSERT_TRUE(
+      Eventually([&] { return recorder->Saw("ADD sentinel"); }, "recorder->Saw(\"ADD sentinel\")"));
   EXPECT_THAT(recorder->Log(), ElementsAre("ADD a initial", "ADD b", "DELETE a", "UPDATE b",
                                            "DELETE b", "ADD sentinel"));
 }
@@ -491,13 +531,34 @@ TEST_F(SharedInformerTest, BoundedBuffer_SlowHandlerIsResynced_OthersAreNotHeldU
   ASSERT_TRUE((*fast_reg)->WaitForSync(kWait));
 
   slow->Block();
+  // The fast handler and the cache keep up while the slow one is stuck in its first call. Each
+  // change reaches the fast handler before the next is made, so that its small buffer holds at
+  // most one event however late its thread is scheduled; the slow handler's overflows all the
+  // same.
+  auto delivered_to_fast = [&](const std::string& name, const std::string& rv) {
+    return Eventually(
+        [&] {
+          auto content = fast->Content();
+          auto it = content.find(name);
+          return rv.empty() ? it == content.end() : it != content.end() && it->second == rv;
+        },
+        absl::StrCat("the fast handler has ", name, rv.empty() ? " deleted" : " at " + rv),
+        [&] { return ::testing::PrintToString(fast->Log()); });
+  };
   constexpr int kObjects = 30;
-  for (int i = 0; i < kObjects; ++i) Put(absl::StrCat("w", i));
-  for (int i = 0; i < 10; ++i) Put("w0", "blue", absl::StrCat("size", i));
+  for (int i = 0; i < kObjects; ++i) {
+    const std::string name = absl::StrCat("w", i);
+    ASSERT_TRUE(delivered_to_fast(name, Put(name).metadata().resource_version()));
+  }
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_TRUE(delivered_to_fast(
+        "w0", Put("w0", "blue", absl::StrCat("size", i)).metadata().resource_version()));
+  }
   Remove("w1");
-  // The fast handler and the cache keep up while the slow one is stuck in its first call.
+  ASSERT_TRUE(delivered_to_fast("w1", ""));
   std::map<std::string, std::string> want = ServerContent();
-  ASSERT_TRUE(WaitFor([&] { return fast->Content() == want; }));
+  ASSERT_TRUE(Eventually([&] { return fast->Content() == want; }, "the fast handler has it all",
+                         [&] { return ::testing::PrintToString(fast->Log()); }));
   EXPECT_EQ(informer->store().Size(), want.size());
   EXPECT_EQ(slow->waiting(), 1);
   EXPECT_GE((*slow_reg)->overflows(), 1);
@@ -506,7 +567,7 @@ TEST_F(SharedInformerTest, BoundedBuffer_SlowHandlerIsResynced_OthersAreNotHeldU
   // Released, the slow handler catches up from the cache: the same final state, each object
   // added once.
   slow->Unblock();
-  ASSERT_TRUE(WaitFor([&] { return slow->Content() == want; }))
+  ASSERT_TRUE(Eventually([&] { return slow->Content() == want; }, "slow->Content() == want"))
       << ::testing::PrintToString(slow->Log());
   int adds = 0;
   for (const std::string& e : slow->Log()) adds += e.rfind("ADD ", 0) == 0 ? 1 : 0;
@@ -537,9 +598,9 @@ TEST_F(SharedInformerTest, Resync_RedeliversEveryObjectEachPeriod_OnTheClock) {
 
   clock.Advance(absl::Seconds(59));
   clock.Advance(absl::Seconds(1));
-  ASSERT_TRUE(WaitFor([&] { return recorder->resyncs() == 2; }));
+  ASSERT_TRUE(Eventually([&] { return recorder->resyncs() == 2; }, "recorder->resyncs() == 2"));
   clock.Advance(absl::Minutes(1));
-  ASSERT_TRUE(WaitFor([&] { return recorder->resyncs() == 4; }));
+  ASSERT_TRUE(Eventually([&] { return recorder->resyncs() == 4; }, "recorder->resyncs() == 4"));
   EXPECT_EQ(plain->resyncs(), 0);
   EXPECT_THAT(recorder->Log(), UnorderedElementsAre("ADD w0 initial", "ADD w1 initial"));
 }

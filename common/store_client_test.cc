@@ -3,12 +3,14 @@
 
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/client_interceptor.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -18,10 +20,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/testing/server_process.h"
 #include "common/testing/status_matchers.h"
+#include "common/testing/wait.h"
 
 namespace shardcache {
 namespace {
@@ -103,6 +107,44 @@ double RequestCount(int http_port, const std::string& method, const std::string&
       {absl::StrCat("method=\"", method, "\""), absl::StrCat("code=\"", code, "\"")});
   return count < 0 ? 0 : count;
 }
+
+// Counts the calls started on the channels it makes, by method ("/shardcache.v1.Store/Get"):
+// each attempt of a retried call is a call of its own.
+class CallCounter : public std::enable_shared_from_this<CallCounter> {
+ public:
+  // A channel to `address` whose calls are counted; it keeps the counter alive.
+  std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
+    std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> factories;
+    factories.push_back(std::make_unique<Factory>(shared_from_this()));
+    return grpc::experimental::CreateCustomChannelWithInterceptors(
+        address, grpc::InsecureChannelCredentials(), grpc::ChannelArguments(),
+        std::move(factories));
+  }
+
+  int calls(const std::string& method) const {
+    absl::MutexLock l(&mu_);
+    auto it = calls_.find(method);
+    return it == calls_.end() ? 0 : it->second;
+  }
+
+ private:
+  class Factory : public grpc::experimental::ClientInterceptorFactoryInterface {
+   public:
+    explicit Factory(std::shared_ptr<CallCounter> counter) : counter_(std::move(counter)) {}
+    grpc::experimental::Interceptor* CreateClientInterceptor(
+        grpc::experimental::ClientRpcInfo* info) override {
+      absl::MutexLock l(&counter_->mu_);
+      ++counter_->calls_[info->method()];
+      return nullptr;  // counted; nothing to intercept
+    }
+
+   private:
+    const std::shared_ptr<CallCounter> counter_;
+  };
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, int> calls_ ABSL_GUARDED_BY(mu_);
+};
 
 class StoreClientTest : public ::testing::Test {
  protected:
@@ -294,15 +336,23 @@ TEST_F(StoreClientTest, Get_AttemptTimeout_RetriesWithinTheCallDeadline) {
   options.timeout = absl::Seconds(20);
   options.attempt_timeout = absl::Milliseconds(300);
   options.max_attempts = 100;
+  // A channel that counts the attempts.
+  auto counter = std::make_shared<CallCounter>();
+  channel_ = counter->Channel(server_->grpc_address());
   auto client = NewClient(options);
   ASSERT_NE(client, nullptr);
   ASSERT_THAT(client->Create(CreateReq(Widget("w1"))), IsOk());
 
   // Paused: attempts time out and are retried; resumed: the next attempt succeeds.
   ASSERT_TRUE(server_->Pause());
+  const int gets_before = counter->calls("/shardcache.v1.Store/Get");
   absl::StatusOr<v1::Object> got;
   std::thread reader([&] { got = client->Get(GetReq("w1")); });
-  absl::SleepFor(absl::Seconds(1));  // several attempts' worth of a pause
+  // Several attempts' worth of a pause: three attempts started, so two timed out.
+  EXPECT_TRUE(testing::Eventually(
+      [&] { return counter->calls("/shardcache.v1.Store/Get") >= gets_before + 3; },
+      "three attempts of the Get",
+      [&] { return absl::StrCat(counter->calls("/shardcache.v1.Store/Get") - gets_before); }));
   server_->Signal(SIGCONT);
   reader.join();
   EXPECT_THAT(got, IsOk());

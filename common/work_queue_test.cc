@@ -16,12 +16,14 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/testing/status_matchers.h"
+#include "common/testing/wait.h"
 #include "prometheus/counter.h"
 #include "prometheus/registry.h"
 
 namespace shardcache {
 namespace {
 
+using ::shardcache::testing::Eventually;
 using ::shardcache::testing::IsOk;
 using ::shardcache::testing::StatusIs;
 
@@ -44,10 +46,6 @@ class BoundedThread {
     }
   }
   bool Finished() const { return done_->HasBeenNotified(); }
-  // Whether the thread finishes within `timeout` (for checking that it stays blocked).
-  bool FinishesWithin(absl::Duration timeout) const {
-    return done_->WaitForNotificationWithTimeout(timeout);
-  }
   bool JoinWithin(absl::Duration timeout) {
     if (!done_->WaitForNotificationWithTimeout(timeout)) {
       thread_.detach();
@@ -61,16 +59,6 @@ class BoundedThread {
   std::shared_ptr<absl::Notification> done_;
   std::thread thread_;
 };
-
-// Waits (polling) until `condition` holds, for at most kTimeout.
-bool Eventually(const std::function<bool()>& condition) {
-  absl::Time deadline = absl::Now() + kTimeout;
-  while (!condition()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  return true;
-}
 
 // Get() for a test's own thread, which must never block: what Get() returns if a key is waiting
 // or the queue is shut down, else kNothingWaiting (where Get() would block).
@@ -327,10 +315,18 @@ TEST_F(WorkQueueTest, ShutDownWithDrain_WaitsUntilKeysInFlightAreDone) {
   q->Add("a");
   q->Add("b");
   ASSERT_EQ(GetNow(*q), "a");
-  BoundedThread drainer([q] { q->ShutDownWithDrain(); });
-  ASSERT_TRUE(Eventually([&] { return q->ShuttingDown(); }));
-  // "a" is in flight: the drain cannot be over, however long we give it.
-  EXPECT_FALSE(drainer.FinishesWithin(absl::Milliseconds(50)));
+  auto tid = std::make_shared<std::atomic<pid_t>>(0);
+  BoundedThread drainer([q, tid] {
+    *tid = testing::ThisThreadId();
+    q->ShutDownWithDrain();
+  });
+  ASSERT_TRUE(Eventually([&] { return q->ShuttingDown(); }, kTimeout, "the queue shuts down"));
+  // "a" is in flight: the drain cannot be over, however long we give it. Once the draining
+  // thread sleeps it waits (or it has returned, wrongly).
+  ASSERT_TRUE(
+      Eventually([&] { return drainer.Finished() || (*tid != 0 && testing::ThreadAsleep(*tid)); },
+                 kTimeout, "the drain waits or returns"));
+  EXPECT_FALSE(drainer.Finished());
   q->Add("c");                 // ignored
   EXPECT_EQ(GetNow(*q), "b");  // waiting keys are still handed out
   q->Done("a");
@@ -345,7 +341,7 @@ TEST_F(WorkQueueTest, ShutDown_EndsAWaitingDrain) {
   q->Add("a");
   ASSERT_EQ(GetNow(*q), "a");
   BoundedThread drainer([q] { q->ShutDownWithDrain(); });
-  ASSERT_TRUE(Eventually([&] { return q->ShuttingDown(); }));
+  ASSERT_TRUE(Eventually([&] { return q->ShuttingDown(); }, kTimeout, "the queue shuts down"));
   q->ShutDown();
   ASSERT_TRUE(drainer.JoinWithin(kTimeout));
   q->Done("a");
@@ -368,10 +364,12 @@ TEST_F(WorkQueueTest, ManyWorkers_Process1000KeysEachExactlyOnce) {
     }));
   }
   for (int i = 0; i < 1000; ++i) q->Add(absl::StrCat("key-", i));
-  ASSERT_TRUE(Eventually([&] {
-    absl::MutexLock l(mu.get());
-    return counts->size() == 1000;
-  }));
+  ASSERT_TRUE(Eventually(
+      [&] {
+        absl::MutexLock l(mu.get());
+        return counts->size() == 1000;
+      },
+      kTimeout, "every key is processed"));
   q->ShutDown();
   for (auto& w : workers) ASSERT_TRUE(w->JoinWithin(kTimeout));
   absl::MutexLock l(mu.get());

@@ -267,7 +267,8 @@ TEST_F(WriteStreamTest, ServerKilled_OutstandingAnsweredUnavailableOnce_ThenReop
   EXPECT_THAT(stream->Send(Upsert("w", 99), answers.Callback()),
               StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_THAT(stream->Close(absl::Seconds(5)), StatusIs(absl::StatusCode::kUnavailable));
-  absl::SleepFor(absl::Milliseconds(100));
+  // Destroyed, the stream has finished with gRPC: no callback of it can run any more.
+  stream.reset();
   EXPECT_EQ(answers.Get().size(), 50u) << "an answer came twice, or for a failed Send";
 
   // The user reconnects: once the channel is connected again, a new stream on it.

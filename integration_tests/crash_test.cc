@@ -181,7 +181,7 @@ class Writer {
           *req.mutable_resource() = Items();
           *req.mutable_object() = Item(key, op.value);
           v1::Object out;
-          s = stub->Create(Context(kRpcTimeout).get(), req, &out);
+          s = stub->Create(FailFastContext(kRpcTimeout).get(), req, &out);
           rv = ParseRv(out.metadata().resource_version());
           break;
         }
@@ -190,7 +190,7 @@ class Writer {
           *req.mutable_resource() = Items();
           *req.mutable_object() = Item(key, op.value);
           v1::Object out;
-          s = stub->Update(Context(kRpcTimeout).get(), req, &out);
+          s = stub->Update(FailFastContext(kRpcTimeout).get(), req, &out);
           rv = ParseRv(out.metadata().resource_version());
           break;
         }
@@ -201,7 +201,7 @@ class Writer {
           req.set_namespace_(kNamespace);
           req.set_name(key);
           v1::DeleteResponse out;
-          s = stub->Delete(Context(kRpcTimeout).get(), req, &out);
+          s = stub->Delete(FailFastContext(kRpcTimeout).get(), req, &out);
           rv = ParseRv(out.object().metadata().resource_version());
           if (s.ok() && !out.deleted()) s = grpc::Status(grpc::StatusCode::INTERNAL, "not deleted");
           break;

@@ -74,11 +74,11 @@ class WriteLoad {
   }
   ~WriteLoad() { Stop(); }
 
-  // Waits until the writers have made `n` writes; false if they did not within kWait.
-  bool WaitForWrites(int n) {
-    absl::Time deadline = absl::Now() + kWait;
-    while (written_.load() < n && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
-    return written_.load() >= n;
+  // Waits until the writers have made `n` writes, for at most kWait.
+  ::testing::AssertionResult WaitForWrites(int n) {
+    return Eventually([&] { return written_.load() >= n; }, kWait,
+                      absl::StrCat("the writers make ", n, " writes"),
+                      [&] { return absl::StrCat(written_.load(), " writes"); });
   }
 
   void Stop() {
@@ -98,12 +98,12 @@ class WriteLoad {
       v1::UpdateRequest update;
       *update.mutable_resource() = gvr;
       *update.mutable_object() = o;
-      grpc::Status s = stub->Update(Context().get(), update, &out);
+      grpc::Status s = stub->Update(FailFastContext().get(), update, &out);
       if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
         v1::CreateRequest create;
         *create.mutable_resource() = gvr;
         *create.mutable_object() = o;
-        s = stub->Create(Context().get(), create, &out);
+        s = stub->Create(FailFastContext().get(), create, &out);
       }
       if (!s.ok()) return;  // the server was killed
       ++written_;

@@ -256,7 +256,7 @@ TEST_F(ListTest, Consistency_ConcurrentWrites_PagesShowTheFirstPageRevision) {
   std::vector<v1::ListResponse> rest_pages;
   std::vector<v1::Object> more = ListAll(rest, &rest_pages, [&](int page) {
     int want_done = std::min(kOps, 12 * (page + 1));
-    EXPECT_TRUE(WaitFor([&] { return done.load() >= want_done; }));
+    EXPECT_TRUE(Eventually([&] { return done.load() >= want_done; }, "done.load() >= want_done"));
   });
   writer.join();
   got.insert(got.end(), more.begin(), more.end());

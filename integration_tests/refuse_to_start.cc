@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -44,6 +45,9 @@ RunResult RunToExit(const std::string& binary, const std::vector<std::string>& l
     if (fd >= 0) dup2(fd, STDERR_FILENO);
     int out_fd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (out_fd >= 0) dup2(out_fd, STDOUT_FILENO);
+    // Its own working directory: what a run creates by default (cache_server's data directory,
+    // shardcache-data) is its own, not shared with runs of other tests at the same time.
+    if (chdir(dir.c_str()) != 0) _exit(126);
     std::vector<char*> cargv;
     for (auto& a : argv) cargv.push_back(a.data());
     cargv.push_back(nullptr);
@@ -81,6 +85,8 @@ RunResult RunToExit(const std::string& binary, const std::vector<std::string>& l
   };
   r.stderr_text = read(log);
   r.stdout_text = read(out);
+  std::error_code ignored;
+  std::filesystem::remove_all(dir + "/shardcache-data", ignored);  // RocksDB preallocates
   return r;
 }
 
@@ -89,12 +95,8 @@ int ExitCode(const RunResult& r) {
 }
 
 RunResult RunCacheServer(const std::vector<std::string>& args, absl::Duration timeout) {
-  // A data directory of its own (an explicit --data-dir in `args` comes later and wins), so that
-  // runs in parallel never meet on the default directory's lock.
   return RunToExit("cache_server/cache_server",
-                   {"--listen=127.0.0.1:0", "--http-listen=127.0.0.1:0",
-                    "--data-dir=" + MakeTempDir("refuse-data") + "/data"},
-                   args, timeout);
+                   {"--listen=127.0.0.1:0", "--http-listen=127.0.0.1:0"}, args, timeout);
 }
 
 void ExpectRefused(const RunResult& r, const std::vector<std::string>& mentions, int exit_code) {

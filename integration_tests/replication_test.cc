@@ -65,18 +65,31 @@ TEST_F(ReplicationTest, StatusWrittenOnlyWhenItChanges) {
   const std::vector<std::string> kCcrs = {"controller=\"clustercachedresources\""};
   double status_writes = Metric(shard_http, kRequests, kUpdateStatus);
   ASSERT_GT(status_writes, 0);
-  double reconciles = Metric(replica_->http_port(), kReconciles, kCcrs);
-  absl::SleepFor(absl::Seconds(2));
-  EXPECT_GE(Metric(replica_->http_port(), kReconciles, kCcrs), reconciles + 5)
-      << "the resync reconciles the CCR";
+  // Five reconciles, each of which would have written an unchanged status (a reconcile is
+  // counted once it has returned, after any write it made has been answered, and the store
+  // counts a request before it answers it).
+  auto five_more_reconciles = [&] {
+    double reconciles = Metric(replica_->http_port(), kReconciles, kCcrs);
+    return Eventually(
+        [&] { return Metric(replica_->http_port(), kReconciles, kCcrs) >= reconciles + 5; },
+        kConverge, "the resync reconciles the CCR five more times",
+        [&] {
+          return absl::StrCat(Metric(replica_->http_port(), kReconciles, kCcrs) - reconciles);
+        });
+  };
+  EXPECT_TRUE(five_more_reconciles());
   EXPECT_EQ(Metric(shard_http, kRequests, kUpdateStatus), status_writes)
       << "an unchanged status was written again";
 
   ASSERT_TRUE(CreateIn(shard(), WidgetsGvr(), Widget("w4")).ok());
   EXPECT_TRUE(WaitForReady("widgets", 4));
+  // The CCR's copy in the cache is written from the replicator's informer: once it equals the
+  // CCR, that informer has seen the status just written, and a reconcile no longer compares
+  // against (and writes over) the status before it.
+  EXPECT_TRUE(WaitForCcrCopy("widgets"));
   double counted = Metric(shard_http, kRequests, kUpdateStatus);
   EXPECT_GT(counted, status_writes);
-  absl::SleepFor(absl::Seconds(1));
+  EXPECT_TRUE(five_more_reconciles());
   EXPECT_EQ(Metric(shard_http, kRequests, kUpdateStatus), counted);
 }
 
@@ -445,7 +458,21 @@ TEST_F(ReplicationTest, ReadyOnceSynced) {
                  absl::Seconds(10), "/healthz answers 200"));
   std::string readyz = HttpGet(r->http_port(), "/readyz");
   EXPECT_TRUE(absl::StartsWith(readyz, "503")) << readyz;
-  absl::SleepFor(absl::Seconds(2));
+  // Not ready once it has listed the cache and failed to list the shard store (both of its
+  // informers there): the point where a readiness that ignored the shard store would say 200.
+  const int cache_http = cache_.process->http_port();
+  EXPECT_TRUE(Eventually(
+      [&] {
+        return Metric(cache_http, "shardcache_grpc_requests_total",
+                      {"method=\"List\"", "code=\"OK\""}) >= 1 &&
+               absl::StrContains(
+                   r->Log(), "reflector resourcedefinitions.core.shardcache.io/v1: list failed") &&
+               absl::StrContains(
+                   r->Log(),
+                   "reflector clustercachedresources.cache.shardcache.io/v1alpha1: list failed");
+      },
+      kConverge, "the cache was listed and both lists of the shard store failed",
+      [&] { return r->Log(); }));
   readyz = HttpGet(r->http_port(), "/readyz");
   EXPECT_TRUE(absl::StartsWith(readyz, "503")) << "ready with no shard store: " << readyz;
 

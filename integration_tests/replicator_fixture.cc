@@ -137,22 +137,6 @@ std::string WhyLastKnown(const v1::Object& ccr, const v1::Object& lease, absl::T
   return "";
 }
 
-::testing::AssertionResult Eventually(const std::function<bool()>& cond, absl::Duration timeout,
-                                      const std::string& what,
-                                      const std::function<std::string()>& describe) {
-  absl::Time start = absl::Now();
-  absl::Time deadline = start + timeout;
-  while (!cond()) {
-    if (absl::Now() >= deadline) {
-      auto failure = ::testing::AssertionFailure() << "not within " << timeout << ": " << what;
-      if (describe) failure << "; last seen: " << describe();
-      return failure;
-    }
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return ::testing::AssertionSuccess() << what << " after " << absl::Now() - start;
-}
-
 // --- RunReplicatorToExit ---
 
 RunResult RunReplicatorToExit(const std::vector<std::string>& args, absl::Duration timeout) {

@@ -5,8 +5,9 @@
 // read CCR status, the cache's copies and the replicators' metrics, and to wait for conditions
 // with a deadline (never a fixed sleep where a condition can be polled).
 //
-// Every wait returns a ::testing::AssertionResult whose failure message shows the last state
-// seen, so that `ASSERT_TRUE(WaitFor...)` explains itself.
+// Every wait is built on testing::Eventually (common/testing/wait.h) and returns a
+// ::testing::AssertionResult whose failure message shows the last state seen, so that
+// `ASSERT_TRUE(WaitFor...)` explains itself.
 //
 // Thread-compatible: use a fixture from its test's thread (stubs are thread-safe; a WatchReader
 // reads on its own thread).
@@ -27,6 +28,7 @@
 #include "absl/time/time.h"
 #include "common/testing/objects.h"
 #include "common/testing/server_process.h"
+#include "common/testing/wait.h"
 #include "integration_tests/refuse_to_start.h"
 #include "integration_tests/store_fixture.h"
 #include "integration_tests/watch_reader.h"
@@ -95,12 +97,6 @@ std::string CopyDiff(const v1::Object& origin, const v1::Object& copy, const std
 std::string WhyLastKnown(const v1::Object& ccr, const v1::Object& lease, absl::Time now);
 // status.epoch of a CCR; -1 when absent.
 double StatusEpoch(const v1::Object& ccr);
-
-// Polls `cond` every 50 ms until it holds or `timeout` passes. On failure, the message names
-// `what` and, when given, what `describe` says about the state last seen.
-::testing::AssertionResult Eventually(const std::function<bool()>& cond, absl::Duration timeout,
-                                      const std::string& what,
-                                      const std::function<std::string()>& describe = nullptr);
 
 // Runs shard_replicator with `args` (after --http-listen=127.0.0.1:0 --port-file=...) until it
 // exits, for at most `timeout`; one that starts serving instead is killed a second later.

@@ -128,6 +128,37 @@ class LeadershipTest : public ReplicatorFixture {
     EXPECT_TRUE(WaitForCcrCopy("widgets"));
   }
 
+  // Reads of single objects in shard a's store. Only the lease is read that way by a replica:
+  // each read is an attempt to take the lease by a replica that does not lead (a leader renews
+  // without reading, unless its renewal conflicts). The tests' own Get and Modify calls count
+  // too: none is made while AttemptsToTakeTheLease counts.
+  double ShardReads() {
+    return Metric(shards_.at("a").process->http_port(), "shardcache_grpc_requests_total",
+                  {"method=\"Get\""});
+  }
+
+  // Waits until the replicas that do not lead have made `n` more attempts to take the lease:
+  // `n` retry periods in which they ran, saw what the shard and the cache did, and could have
+  // acted on it.
+  ::testing::AssertionResult AttemptsToTakeTheLease(int n) {
+    const double before = ShardReads();
+    return Eventually([&] { return ShardReads() >= before + n; }, kConverge,
+                      absl::StrCat(n, " more attempts to take the lease"),
+                      [&] { return absl::StrCat(ShardReads() - before, " attempts"); });
+  }
+
+  // Writes an object to the cache outside everything the tests watch, and returns its revision:
+  // a point in the cache's history that a watch's bookmark passes once the watch has been sent
+  // every event before it (WatchReader::NothingMoreUpTo).
+  int64_t MarkCache(const std::string& name) {
+    v1::CreateRequest req;
+    *req.mutable_resource() = Gvr("example.com", "v1", "markers");
+    req.mutable_object()->mutable_metadata()->set_name(name);
+    v1::Object out;
+    EXPECT_TRUE(Ok(cache()->Create(Context().get(), req, &out)));
+    return Rv(out);
+  }
+
   // A local change: w1's spec.color.
   void ChangeLocally(const std::string& color) {
     ASSERT_TRUE(Modify(shard(), WidgetsGvr(), kCluster, kNamespace, "w1", [&](v1::Object* o) {
@@ -176,12 +207,14 @@ TEST_F(LeadershipTest, LeaseTakenAwayAndHandedBack) {
   ChangeLocally("while-not-leading");
   ASSERT_TRUE(DeleteIn(shard(), WidgetsGvr(), "", kCluster, kNamespace, "w2").ok());
   ASSERT_TRUE(CreateIn(shard(), WidgetsGvr(), Widget("w4")).ok());
-  // Nothing reaches the cache, and nobody writes the CCR's status (3 s: several retry periods).
-  std::optional<v1::WatchEvent> e = widget_watch.NextObjectEvent(absl::Seconds(3));
-  EXPECT_FALSE(e.has_value()) << "the cache changed while the replica did not lead: " << ToJson(*e);
-  e = ccr_watch.NextObjectEvent(absl::Milliseconds(100));
-  EXPECT_FALSE(e.has_value()) << "the CCR's copy changed while the replica did not lead: "
-                              << ToJson(*e);
+  // Nothing reaches the cache, and nobody writes the CCR's status, for several retry periods
+  // (the replica's attempts to take the lease back), up to a later write to the cache.
+  EXPECT_TRUE(AttemptsToTakeTheLease(3));
+  const int64_t mark = MarkCache("while-not-leading");
+  EXPECT_TRUE(widget_watch.NothingMoreUpTo(mark, kConverge))
+      << "the cache changed while the replica did not lead";
+  EXPECT_TRUE(ccr_watch.NothingMoreUpTo(mark, kConverge))
+      << "the CCR's copy changed while the replica did not lead";
   EXPECT_EQ(Counter(r, kWrites), writes);
   std::optional<v1::Object> ccr_after = GetCcr("widgets");
   ASSERT_TRUE(ccr_after.has_value());
@@ -272,15 +305,13 @@ TEST_F(LeadershipTest, PausedLeaderIsFencedAfterTakeover) {
   EXPECT_TRUE(WaitForLeading(old_leader, 0, kRenewDeadline + kRetryPeriod * 2.2 + kSlack));
   EXPECT_EQ(Leading(new_leader), 1);
   EXPECT_TRUE(WaitForCacheInSync());
-  // For a few retry periods, the cache keeps the new leader's view, and the leadership stays.
-  absl::Time end = absl::Now() + absl::Seconds(3);
-  while (absl::Now() < end) {
-    std::string diff = CacheDiff("a", "", WidgetsGvr(), kCluster);
-    ASSERT_EQ(diff, "") << "the cache left the new leader's view";
-    ASSERT_EQ(Leading(old_leader), 0);
-    ASSERT_EQ(Leading(new_leader), 1);
-    absl::SleepFor(absl::Milliseconds(250));
-  }
+  // For a few retry periods (the old leader's attempts to take the lease back), the cache keeps
+  // the new leader's view, and the leadership stays.
+  EXPECT_TRUE(AttemptsToTakeTheLease(3));
+  std::string diff = CacheDiff("a", "", WidgetsGvr(), kCluster);
+  ASSERT_EQ(diff, "") << "the cache left the new leader's view";
+  ASSERT_EQ(Leading(old_leader), 0);
+  ASSERT_EQ(Leading(new_leader), 1);
   EXPECT_TRUE(WaitForReady("widgets", 4));
   EXPECT_TRUE(WaitForCcrCopy("widgets"));
 
@@ -405,9 +436,10 @@ TEST_F(LeadershipTest, StaleWriteOfAPausedLeaderIsFenced) {
   EXPECT_TRUE(Eventually(
       [&] { return r.RecordedContains("fenced: shard \"a\"") && r.RecordedContains(carries); },
       absl::Seconds(5), "the cache answers the held write: fenced, " + carries));
-  // And did not apply it: no change to the widgets after B's write, and w1 is B's.
-  std::optional<v1::WatchEvent> e = watch.NextObjectEvent(absl::Seconds(1));
-  EXPECT_FALSE(e.has_value()) << "the stale write changed the cache: " << ToJson(*e);
+  // And did not apply it: no change to the widgets after B's write up to a later write to the
+  // cache, and w1 is B's.
+  EXPECT_TRUE(watch.NothingMoreUpTo(MarkCache("after-the-stale-write"), kConverge))
+      << "the stale write changed the cache";
   copy = cache_w1();
   ASSERT_TRUE(copy.has_value());
   EXPECT_EQ(era_of(*copy), era_b) << ToJson(*copy);
@@ -421,14 +453,13 @@ TEST_F(LeadershipTest, StaleWriteOfAPausedLeaderIsFenced) {
             << Metric(a->http_port(), "shardcache_replicator_write_errors_total",
                       {"code=\"FAILED_PRECONDITION\""})
             << "\n";
-  absl::Time end = absl::Now() + absl::Seconds(2);
-  while (absl::Now() < end) {
-    ASSERT_EQ(Leading(a), 0);
-    ASSERT_EQ(Leading(b), 1);
-    absl::SleepFor(absl::Milliseconds(250));
-  }
-  e = watch.NextObjectEvent(absl::Milliseconds(100));
-  EXPECT_FALSE(e.has_value()) << "the cache changed after the takeover: " << ToJson(*e);
+  // For a few retry periods (A's attempts to take the lease back), and up to a later write to
+  // the cache.
+  EXPECT_TRUE(AttemptsToTakeTheLease(3));
+  ASSERT_EQ(Leading(a), 0);
+  ASSERT_EQ(Leading(b), 1);
+  EXPECT_TRUE(watch.NothingMoreUpTo(MarkCache("after-the-takeover"), kConverge))
+      << "the cache changed after the takeover";
   copy = cache_w1();
   ASSERT_TRUE(copy.has_value());
   EXPECT_EQ(copy->metadata().resource_version(), b_rv) << ToJson(*copy);
@@ -472,15 +503,12 @@ TEST_F(LeadershipTest, HigherEpochClaimedAtTheCacheFencesTheLeader) {
   EXPECT_THAT(r->Log(), HasSubstr("fenced"));
 
   // The change never reached the cache (a new term, if any, is fenced as well: its epoch is far
-  // below the claimed one).
-  absl::Time end = absl::Now() + absl::Seconds(2);
-  while (absl::Now() < end) {
-    std::optional<v1::Object> now = GetFrom(cache(), WidgetsGvr(), "a", kCluster, kNamespace, "w1");
-    ASSERT_TRUE(now.has_value());
-    ASSERT_EQ(now->metadata().resource_version(), w1_copy->metadata().resource_version())
-        << "a fenced replica changed the cache: " << ToJson(*now);
-    absl::SleepFor(absl::Milliseconds(200));
-  }
+  // below the claimed one), after several attempts of the replica to lead again.
+  EXPECT_TRUE(AttemptsToTakeTheLease(3));
+  std::optional<v1::Object> now = GetFrom(cache(), WidgetsGvr(), "a", kCluster, kNamespace, "w1");
+  ASSERT_TRUE(now.has_value());
+  ASSERT_EQ(now->metadata().resource_version(), w1_copy->metadata().resource_version())
+      << "a fenced replica changed the cache: " << ToJson(*now);
   EXPECT_TRUE(r->Running());
   EXPECT_TRUE(absl::StartsWith(HttpGet(r->http_port(), "/healthz"), "200"));
 }

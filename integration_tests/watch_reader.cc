@@ -34,6 +34,7 @@ std::string Summary(const v1::WatchEvent& e) {
 WatchReader::WatchReader(v1::Store::Stub* stub, const v1::WatchRequest& request,
                          absl::Duration lifetime) {
   ctx_.set_deadline(absl::ToChronoTime(absl::Now() + lifetime));
+  ctx_.set_wait_for_ready(true);  // a server that is (re)starting is waited for
   reader_ = stub->Watch(&ctx_, request);
   thread_ = std::thread([this] { Run(); });
 }

@@ -40,6 +40,8 @@ std::string Summary(const v1::WatchEvent& e);
 
 class WatchReader {
  public:
+  // Opens the stream, waiting for the server if it is (re)starting (wait_for_ready), for at most
+  // `lifetime`.
   WatchReader(v1::Store::Stub* stub, const v1::WatchRequest& request,
               absl::Duration lifetime = kWatchLifetime);
   // Cancels the stream and joins the reading thread.

@@ -392,9 +392,9 @@ TEST_F(WatchTest, SlowWatcher_IsEndedWithResourceExhausted_AndTheServerStaysHeal
   int64_t from = MustCreate(gadgets_, Obj("c1", "ns1", "g0"));
   auto slow = slow_stub->Watch(&slow_ctx, WatchReq(widgets_, from));
   // Its events must be live ones (history is not bounded): wait until it is registered.
-  ASSERT_TRUE(WaitFor([&] {
-    return Metric(server_->http_port(), "shardcache_store_watchers") >= 1;
-  })) << "the watch was never registered";
+  ASSERT_TRUE(
+      Eventually([&] { return Metric(server_->http_port(), "shardcache_store_watchers") >= 1; },
+                 "the watch is registered"));
 
   // A well-behaved watcher alongside it.
   WatchReader healthy(stub_.get(), WatchReq(widgets_, from));
@@ -406,10 +406,12 @@ TEST_F(WatchTest, SlowWatcher_IsEndedWithResourceExhausted_AndTheServerStaysHeal
     (*o.mutable_spec()->mutable_fields())["data"].set_string_value(big);
     ASSERT_GT(MustCreate(widgets_, o), 0);
   }
-  EXPECT_TRUE(WaitFor([&] {
-    return Metric(server_->http_port(), "shardcache_store_watchers_too_slow_total") >
-           too_slow_before;
-  })) << "shardcache_store_watchers_too_slow_total did not rise";
+  EXPECT_TRUE(Eventually(
+      [&] {
+        return Metric(server_->http_port(), "shardcache_store_watchers_too_slow_total") >
+               too_slow_before;
+      },
+      "shardcache_store_watchers_too_slow_total rises"));
 
   // Now read: what was sent before the end, then RESOURCE_EXHAUSTED.
   v1::WatchEvent e;
@@ -542,8 +544,9 @@ TEST_F(WatchTest, DefinitionRecreated_NewWatchIsNotEndedByTheOldDeletion) {
     for (int i = 0; i < kWatchers; ++i) {
       old.push_back(std::make_unique<WatchReader>(stub_.get(), WatchReq(widgets_, rv)));
     }
-    ASSERT_TRUE(WaitFor(
-        [&] { return Metric(server_->http_port(), "shardcache_store_watchers") >= kWatchers; }));
+    ASSERT_TRUE(Eventually(
+        [&] { return Metric(server_->http_port(), "shardcache_store_watchers") >= kWatchers; },
+        "the watches are registered"));
 
     ASSERT_TRUE(Ok(Delete(DefinitionGvr(), "", "", "widgets.example.com")));
     ASSERT_TRUE(Ok(Create(DefinitionGvr(), definition)));
@@ -587,11 +590,12 @@ TEST_F(WatchTest, ManyWatchers_AllReceiveTheSameEventsInTheSameOrder) {
     }
   }
   // All registered before the writes, so that the events reach them live.
-  ASSERT_TRUE(WaitFor(
+  ASSERT_TRUE(Eventually(
       [&] {
         return Metric(server_->http_port(), "shardcache_store_watchers") >= kChannels * kPerChannel;
       },
-      absl::Seconds(30)));
+      absl::Seconds(30), "every watch is registered",
+      [&] { return absl::StrCat(Metric(server_->http_port(), "shardcache_store_watchers")); }));
 
   std::vector<std::string> want;
   for (int i = 0; i < 60; ++i) {

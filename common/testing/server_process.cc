@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -50,6 +51,23 @@ ServerProcess::~ServerProcess() {
 }
 
 absl::Status ServerProcess::Start(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  // A restart on the port the server had may find it taken for a moment (e.g. as the local end
+  // of a connection another process is making): try again for a while. A first start (port 0)
+  // cannot clash.
+  const absl::Time retry_until = absl::Now() + absl::Seconds(10);
+  while (true) {
+    const size_t log_before = Log().size();
+    absl::Status started = StartOnce(deadline);
+    if (started.ok() || grpc_port_ == 0 || absl::Now() >= std::min(deadline, retry_until) ||
+        !absl::StrContains(Log().substr(log_before), "cannot listen on")) {
+      return started;
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+}
+
+absl::Status ServerProcess::StartOnce(absl::Time deadline) {
   std::string port_file = dir_ + "/ports";
   unlink(port_file.c_str());
   const bool is_cache_server = IsCacheServer();
@@ -80,7 +98,6 @@ absl::Status ServerProcess::Start(absl::Duration timeout) {
     _exit(127);
   }
   pid_ = pid;
-  absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
     std::ifstream in(port_file);
     std::string line;

@@ -42,7 +42,8 @@ class ServerProcess {
   ServerProcess& operator=(const ServerProcess&) = delete;
 
   // Starts the process and waits until it has written its port file (grpc_port= and http_port=
-  // for cache_server, http_port= for other binaries).
+  // for cache_server, http_port= for other binaries). A restarted cache_server gets the gRPC
+  // port it had; when that is taken for a moment, the start is tried again for up to 10 s.
   absl::Status Start(absl::Duration timeout = absl::Seconds(30));
   // Sends SIGTERM and waits for exit; returns the exit status as from waitpid (or -1 on
   // timeout, after which the process was killed with SIGKILL).
@@ -69,6 +70,8 @@ class ServerProcess {
   std::string Log() const;
 
  private:
+  // One attempt of Start.
+  absl::Status StartOnce(absl::Time deadline);
   // Whether binary_ is a cache_server (gets --listen and --data-dir, reports a gRPC port).
   bool IsCacheServer() const;
 
