@@ -5,6 +5,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "prometheus/text_serializer.h"
 
 namespace shardcache {
@@ -67,7 +68,15 @@ absl::StatusOr<int> HttpServer::Start(const std::string& address) {
     return absl::UnavailableError(absl::StrCat("--http-listen: cannot listen on ", address,
                                                " (address in use or not local?)"));
   }
-  thread_ = std::thread([this] { server_->listen_after_bind(); });
+  listen_returned_ = false;
+  thread_ = std::thread([this] {
+    server_->listen_after_bind();
+    listen_returned_ = true;
+  });
+  // httplib's stop() does nothing until the listening thread has marked the server running, so
+  // a Stop() that came before that (a SIGTERM right after start-up) would join for ever. Return
+  // only once the server runs, or its listen has already ended.
+  while (!server_->is_running() && !listen_returned_) absl::SleepFor(absl::Milliseconds(1));
   return bound;
 }
 

@@ -9,6 +9,7 @@
 #ifndef SHARDCACHE_COMMON_HTTP_SERVER_H_
 #define SHARDCACHE_COMMON_HTTP_SERVER_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -34,8 +35,9 @@ class HttpServer {
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
 
-  // Binds "host:port" (port 0: any free port) and serves on a background thread. Returns the
-  // bound port, or UNAVAILABLE with the reason if the address cannot be bound.
+  // Binds "host:port" (port 0: any free port) and serves on a background thread; returns once
+  // that thread serves, so that a Stop() right after it takes effect. Returns the bound port, or
+  // UNAVAILABLE with the reason if the address cannot be bound.
   absl::StatusOr<int> Start(const std::string& address);
   // Stops serving and joins the thread. Idempotent.
   void Stop();
@@ -45,6 +47,8 @@ class HttpServer {
   ReadinessCheck readiness_;
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
+  // Set by the serving thread when httplib's listen loop has returned.
+  std::atomic<bool> listen_returned_{false};
 };
 
 // Splits "host:port" (host may be "[::1]"). Returns InvalidArgument naming `flag` when malformed.
