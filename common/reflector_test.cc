@@ -250,7 +250,7 @@ TEST_F(ReflectorTest, Resume_AfterServerRestart_DoesNotRelist) {
   ASSERT_EQ(server_->Stop(), 0);
   ASSERT_TRUE(server_->Start().ok());
   // The channel may be waiting out a reconnect backoff: the writes below must not fail for that.
-  ASSERT_TRUE(channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + kWait)));
+  ASSERT_TRUE(channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + testing::kDefaultWait)));
   Put(kWidgets, "after-restart");
   Put(kWidgets, "before", "green");
 
@@ -331,7 +331,7 @@ TEST_F(ReflectorTest, Relist_AfterTooOldResourceVersion) {
   ASSERT_TRUE(Eventually([&] { return reflector_->backoff_waits() >= 1; },
                          "reflector_->backoff_waits() >= 1"));
   ASSERT_TRUE(server_->Start().ok());
-  ASSERT_TRUE(channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + kWait)));
+  ASSERT_TRUE(channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + testing::kDefaultWait)));
   // Seven events while the reflector waits: its revision leaves the five-event history window.
   Put(kWidgets, "keep", "blue");
   Remove(kWidgets, "gone");
@@ -379,7 +379,8 @@ TEST_F(ReflectorTest, StoreReplaced_ByOneAheadOfTheReflector_Relists) {
   for (int i = 0; i < 3; ++i) Put(kWidgets, absl::StrCat("old", i));
   MakeReflector(kWidgets, FastOptions());
   reflector_->Start();
-  ASSERT_TRUE(WaitFor([&] { return sink_.Content().size() == 3; }));
+  ASSERT_TRUE(
+      Eventually([&] { return sink_.Content().size() == 3; }, "sink_.Content().size() == 3"));
   int64_t seen = 0;
   ASSERT_TRUE(absl::SimpleAtoi(reflector_->LastResourceVersion(), &seen));
   const std::string old_store = reflector_->StoreId();
@@ -402,11 +403,11 @@ TEST_F(ReflectorTest, StoreReplaced_ByOneAheadOfTheReflector_Relists) {
   std::filesystem::remove_all(server_->data_dir());
   std::filesystem::rename(replacement, server_->data_dir());
   ASSERT_TRUE(server_->Start().ok());
-  ASSERT_TRUE(channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + kWait)));
+  ASSERT_TRUE(channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + testing::kDefaultWait)));
   std::map<std::string, std::string> want = ServerContent(kWidgets);
   ASSERT_EQ(want.size(), 2u);
 
-  ASSERT_TRUE(WaitFor([&] { return sink_.Content() == want; }))
+  ASSERT_TRUE(Eventually([&] { return sink_.Content() == want; }, "sink_.Content() == want"))
       << "the reflector kept the old store's objects: " << ::testing::PrintToString(sink_.Log());
   EXPECT_EQ(reflector_->lists_started(), 2);
   EXPECT_EQ(reflector_->store_changes(), 1);
@@ -414,10 +415,10 @@ TEST_F(ReflectorTest, StoreReplaced_ByOneAheadOfTheReflector_Relists) {
   // A restart with the same data keeps the identity: the reflector resumes without a list.
   ASSERT_EQ(server_->Stop(), 0);
   ASSERT_TRUE(server_->Start().ok());
-  ASSERT_TRUE(channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + kWait)));
+  ASSERT_TRUE(channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + testing::kDefaultWait)));
   Put(kWidgets, "after-restart");
   want = ServerContent(kWidgets);
-  ASSERT_TRUE(WaitFor([&] { return sink_.Content() == want; }))
+  ASSERT_TRUE(Eventually([&] { return sink_.Content() == want; }, "sink_.Content() == want"))
       << ::testing::PrintToString(sink_.Log());
   EXPECT_EQ(reflector_->lists_started(), 2);
   EXPECT_EQ(reflector_->store_changes(), 1);
@@ -435,23 +436,25 @@ TEST_F(ReflectorTest, PausedServer_WatchTakenForDead_ThenConvergesOnTheReplaceme
   options.watch_idle_timeout = absl::Seconds(2);  // ten of the server's bookmark intervals
   MakeReflector(kWidgets, options);
   reflector_->Start();
-  ASSERT_TRUE(WaitFor([&] { return sink_.Content().size() == 1; }));
+  ASSERT_TRUE(
+      Eventually([&] { return sink_.Content().size() == 1; }, "sink_.Content().size() == 1"));
   // Bookmarks flow while the server runs: no watch is taken for dead.
-  ASSERT_TRUE(WaitFor([&] { return sink_.bookmarks() >= 3; }));
+  ASSERT_TRUE(Eventually([&] { return sink_.bookmarks() >= 3; }, "sink_.bookmarks() >= 3"));
   EXPECT_EQ(reflector_->watch_idle_restarts(), 0);
 
   ASSERT_TRUE(server_->Pause());
-  ASSERT_TRUE(WaitFor([&] { return reflector_->watch_idle_restarts() >= 1; }, absl::Seconds(30)))
+  ASSERT_TRUE(Eventually([&] { return reflector_->watch_idle_restarts() >= 1; }, absl::Seconds(30),
+                         "reflector_->watch_idle_restarts() >= 1"))
       << "a watch on a paused server was never taken for dead";
 
   // Replace the paused server: a new one with the same data on the same port.
   server_->Signal(SIGKILL);
   server_->Wait(absl::Seconds(10));
   ASSERT_TRUE(server_->Start().ok());
-  ASSERT_TRUE(channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + kWait)));
+  ASSERT_TRUE(channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + testing::kDefaultWait)));
   Put(kWidgets, "after");
   std::map<std::string, std::string> want = ServerContent(kWidgets);
-  ASSERT_TRUE(WaitFor([&] { return sink_.Content() == want; }))
+  ASSERT_TRUE(Eventually([&] { return sink_.Content() == want; }, "sink_.Content() == want"))
       << ::testing::PrintToString(sink_.Log());
   EXPECT_EQ(reflector_->lists_started(), 1);
   EXPECT_FALSE(reflector_->IsStopped());
