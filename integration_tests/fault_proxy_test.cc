@@ -64,7 +64,8 @@ class FaultProxyTest : public StoreFixture {
     req.set_namespace_("default");
     req.set_name(name);
     v1::Object out;
-    return stub->Get(Context(timeout).get(), req, &out);
+    // Fail fast: a call through a cut proxy must end UNAVAILABLE, not wait for a connection.
+    return stub->Get(FailFastContext(timeout).get(), req, &out);
   }
 
   // A write straight to the server (never through the proxy).
