@@ -24,14 +24,24 @@ class StoreWatch : public WatchStream, public grpc::ClientReadReactor<v1::WatchE
  public:
   explicit StoreWatch(WatchHandler* handler) : handler_(handler) {}
 
-  void Start(v1::Store::Stub* stub, absl::Time deadline) {
+  // `from_revision` empty: the current state first, synced at the initial-events-end bookmark;
+  // else every change after that revision, synced once the server has sent its headers (it
+  // sends them as it takes the watch; every change after the revision comes, from its history if
+  // need be).
+  void Start(v1::Store::Stub* stub, absl::Time deadline, const std::string& from_revision) {
     *request_.mutable_resource() = BenchResource();
+    request_.set_resource_version(from_revision);
+    from_revision_ = !from_revision.empty();
     ctx_.set_deadline(absl::ToChronoTime(deadline));
     stub->async()->Watch(&ctx_, &request_, this);
     StartRead(&event_);
     StartCall();
   }
   void Cancel() override { ctx_.TryCancel(); }
+
+  void OnReadInitialMetadataDone(bool ok) override {
+    if (ok && from_revision_) handler_->OnSynced();
+  }
 
   void OnReadDone(bool ok) override {
     if (!ok) return;  // OnDone follows with the status
@@ -56,12 +66,14 @@ class StoreWatch : public WatchStream, public grpc::ClientReadReactor<v1::WatchE
   grpc::ClientContext ctx_;
   v1::WatchRequest request_;
   v1::WatchEvent event_;
+  bool from_revision_ = false;
   bool synced_ = false;  // owned by the read chain
 };
 
 class StoreTarget : public Target {
  public:
-  explicit StoreTarget(std::vector<std::shared_ptr<grpc::Channel>> channels) {
+  StoreTarget(std::vector<std::shared_ptr<grpc::Channel>> channels, bool watch_from_now)
+      : watch_from_now_(watch_from_now) {
     for (const auto& ch : channels) stubs_.push_back(v1::Store::NewStub(ch));
   }
   Kind kind() const override { return Kind::kCacheServer; }
@@ -134,12 +146,30 @@ class StoreTarget : public Target {
   std::unique_ptr<WatchStream> Watch(int slot, absl::Time deadline,
                                      WatchHandler* handler) override {
     auto w = std::make_unique<StoreWatch>(handler);
-    w->Start(StoreStub(slot), deadline);
+    w->Start(StoreStub(slot), deadline, watch_from_now_ ? CurrentRevision() : "");
     return w;
   }
 
  private:
+  // The store's revision when the first watch opened (a List of one item); "" if it could not be
+  // read (the watch then starts with the current state).
+  std::string CurrentRevision() {
+    absl::MutexLock l(&mu_);
+    if (!revision_.empty()) return revision_;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineIn(absl::Seconds(10)));
+    v1::ListRequest request;
+    *request.mutable_resource() = BenchResource();
+    request.set_limit(1);
+    v1::ListResponse response;
+    if (StoreStub(0)->List(&ctx, request, &response).ok()) revision_ = response.resource_version();
+    return revision_;
+  }
+
   std::vector<std::unique_ptr<v1::Store::Stub>> stubs_;
+  const bool watch_from_now_;
+  absl::Mutex mu_;
+  std::string revision_ ABSL_GUARDED_BY(mu_);
 };
 
 // ---- etcd ----
@@ -334,8 +364,9 @@ std::string EtcdKey(const v1::ObjectMeta& meta) {
   return absl::StrCat(EtcdPrefix(), meta.cluster(), "/", meta.namespace_(), "/", meta.name());
 }
 
-std::unique_ptr<Target> MakeStoreTarget(std::vector<std::shared_ptr<grpc::Channel>> channels) {
-  return std::make_unique<StoreTarget>(std::move(channels));
+std::unique_ptr<Target> MakeStoreTarget(std::vector<std::shared_ptr<grpc::Channel>> channels,
+                                        bool watch_from_now) {
+  return std::make_unique<StoreTarget>(std::move(channels), watch_from_now);
 }
 
 std::unique_ptr<Target> MakeEtcdTarget(std::vector<std::shared_ptr<grpc::Channel>> channels) {

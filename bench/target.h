@@ -8,6 +8,7 @@
 // /registry/<group>/<resource>/<cluster>/<namespace>/<name>, and maps create to KV.Put, get to a
 // KV.Range of that key, list to a KV.Range of the resource's prefix (linearizable, as the
 // Kubernetes API server reads), and watch to one Watch stream with one prefix watch from now.
+// etcd's create is a plain Put (not the Kubernetes API server's create-if-absent Txn).
 //
 // Thread-safety: every method may be called from any thread, concurrently. Callbacks run on
 // gRPC's threads; those of one watch stream run one at a time.
@@ -83,8 +84,12 @@ class Target {
   virtual v1::Store::Stub* StoreStub(int /*slot*/) { return nullptr; }
 };
 
-// A cache_server (Store API) over `channels` (at least one).
-std::unique_ptr<Target> MakeStoreTarget(std::vector<std::shared_ptr<grpc::Channel>> channels);
+// A cache_server (Store API) over `channels` (at least one). Its watches start with the current
+// state (one ADDED event per object, then the initial-events-end bookmark), or, with
+// `watch_from_now`, as etcd's do: every change after the store's revision when the target's
+// first watch opened, and nothing before.
+std::unique_ptr<Target> MakeStoreTarget(std::vector<std::shared_ptr<grpc::Channel>> channels,
+                                        bool watch_from_now = false);
 
 // An etcd (v3 gRPC API) over `channels` (at least one).
 std::unique_ptr<Target> MakeEtcdTarget(std::vector<std::shared_ptr<grpc::Channel>> channels);
