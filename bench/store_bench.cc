@@ -5,6 +5,8 @@
 //   --mode=watch: --watchers concurrent Watch streams under a paced write load; checks that every
 //     watcher received every event and reports delivery rate and latency, and the server's
 //     threads and memory before the watchers, with them idle, and at the end of the load.
+//   --mode=get, --mode=list: fills the server with --objects objects, then closed-loop readers
+//     (one per --clients value) get single objects, or list them all; reports reads/s and latency.
 //   --mode=fsync: no server; how many syncs a second the disk allows (4 KiB written, then
 //     fdatasync or fsync, in a loop), in --fsync-dir (default: the build tree).
 //   --mode=startup: fills a server with --objects objects, stops it with SIGTERM, restarts it on
@@ -16,6 +18,11 @@
 //     replication lag (local write answered -> event on a cache watch), checks that every copy
 //     arrived, and reports the replicator's CPU and memory (see bench/replication_load.h).
 //
+// --targets=cache_server,etcd (modes write, watch, get and list): the tool also starts etcd
+//   (Debian's etcd-server) and drives the same load, through the same client code (bench/target.h),
+//   against both, --rounds times in interleaved rounds, and prints each round's figures and then
+//   each figure's mean per server side by side with their ratio.
+//
 // The tool starts its own cache_server on loopback ports (the one in the build tree unless
 // --server names another), with its data in a fresh temporary directory per server (removed when
 // the server stops, unless --keep-data), or loads --target. Every call has a deadline, so it
@@ -25,6 +32,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -48,8 +57,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "bench/bench_util.h"
+#include "bench/etcd_process.h"
+#include "bench/read_load.h"
 #include "bench/replication_load.h"
 #include "bench/sync_load.h"
+#include "bench/target.h"
 #include "bench/watch_load.h"
 #include "bench/write_load.h"
 #include "common/flags.h"
@@ -57,7 +69,8 @@
 #include "shardcache/v1/store.grpc.pb.h"
 
 ABSL_FLAG(std::string, mode, "write",
-          "write: write throughput and latency; watch: fan-out; fsync: the disk's syncs per "
+          "write: write throughput and latency; watch: fan-out; get, list: read throughput and "
+          "latency; fsync: the disk's syncs per "
           "second; startup: restart time with --objects objects; replication: shard_replicator's "
           "throughput and lag");
 ABSL_FLAG(std::string, target, "",
@@ -126,12 +139,23 @@ ABSL_FLAG(std::string, replicator_args, "",
           "--mode=replication: extra flags for shard_replicator, separated by spaces (after the "
           "tool's own, so they win), e.g. --replicator-args=\"--workers=8\"; --server-args go "
           "to both stores");
+// Side by side with etcd
+ABSL_FLAG(std::vector<std::string>, targets, std::vector<std::string>({"cache_server"}),
+          "--mode=write, watch, get and list: the servers to start and load, cache_server and/or "
+          "etcd; with more than one, every run is repeated --rounds times, interleaved, and each "
+          "figure is printed per server with the ratio cache_server / etcd");
+ABSL_FLAG(int, rounds, 2, "with --targets or --mode=get/list: rounds of each run per server");
+ABSL_FLAG(std::string, etcd, "/usr/bin/etcd",
+          "the etcd binary for --targets=...,etcd (Debian: apt-get install etcd-server)");
+ABSL_FLAG(std::string, etcd_args, "",
+          "extra flags for the started etcd, separated by spaces, e.g. "
+          "--etcd-args=\"--quota-backend-bytes=8589934592\"");
 
 namespace shardcache::bench {
 namespace {
 
 struct Options {
-  enum class Mode { kWrite, kWatch, kFsync, kStartup, kReplication };
+  enum class Mode { kWrite, kWatch, kGet, kList, kFsync, kStartup, kReplication };
   Mode mode = Mode::kWrite;
   // host:port to load; empty: start `server` on loopback.
   std::string target;
@@ -172,6 +196,23 @@ struct Options {
   Startup startup;
   // Replication mode: binaries, flags, sizes and bounds (run_id is set per run).
   ReplicationLoadOptions replication;
+  // Get and list modes: the reads' shape (operation, clients and keys are set per run), and how
+  // many objects to fill each server with first.
+  ReadLoadOptions read;
+  int64_t read_objects = 1000;
+  // The servers to start and load side by side (write, watch, get and list modes), the rounds of
+  // each run per server, and the etcd binary and its extra flags.
+  std::vector<Target::Kind> targets = {Target::Kind::kCacheServer};
+  int rounds = 2;
+  std::string etcd;
+  std::vector<std::string> etcd_args;
+
+  // True when the run goes through RunSideBySide: more servers than cache_server alone, or a
+  // read mode.
+  bool SideBySide() const {
+    return mode == Mode::kGet || mode == Mode::kList ||
+           targets != std::vector<Target::Kind>{Target::Kind::kCacheServer};
+  }
 };
 
 // Splits --server-args into flags: at spaces, and at commas that start another flag (the older
@@ -204,9 +245,13 @@ absl::StatusOr<Options> OptionsFromFlags() {
     o.mode = Options::Mode::kStartup;
   } else if (mode == "replication") {
     o.mode = Options::Mode::kReplication;
+  } else if (mode == "get") {
+    o.mode = Options::Mode::kGet;
+  } else if (mode == "list") {
+    o.mode = Options::Mode::kList;
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--mode: \"", mode, "\" (want write, watch, fsync, startup or replication)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--mode: \"", mode, "\" (want write, watch, get, list, fsync, startup or replication)"));
   }
   o.target = absl::GetFlag(FLAGS_target);
   o.server = absl::GetFlag(FLAGS_server);
@@ -332,6 +377,50 @@ absl::StatusOr<Options> OptionsFromFlags() {
   r.write_timeout = o.startup.fill_timeout;
   r.drain_timeout = drain_timeout == absl::ZeroDuration() ? absl::Minutes(5) : drain_timeout;
   r.rpc_timeout = rpc_timeout;
+
+  o.read.operation = o.mode == Options::Mode::kList ? ReadLoadOptions::Operation::kList
+                                                    : ReadLoadOptions::Operation::kGet;
+  o.read.warmup = o.write.warmup;
+  o.read.duration = o.write.duration;
+  o.read.rpc_timeout = rpc_timeout;
+  o.read_objects = objects == 0 ? 1000 : o.startup.objects;
+  o.targets.clear();
+  for (const std::string& t : absl::GetFlag(FLAGS_targets)) {
+    Target::Kind kind;
+    if (t == "cache_server") {
+      kind = Target::Kind::kCacheServer;
+    } else if (t == "etcd") {
+      kind = Target::Kind::kEtcd;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--targets: \"", t, "\" (want cache_server and/or etcd)"));
+    }
+    if (std::find(o.targets.begin(), o.targets.end(), kind) == o.targets.end()) {
+      o.targets.push_back(kind);
+    }
+  }
+  if (o.targets.empty()) return absl::InvalidArgumentError("--targets: name at least one server");
+  o.rounds = absl::GetFlag(FLAGS_rounds);
+  if (o.rounds < 1 || o.rounds > 100) {
+    return absl::InvalidArgumentError("--rounds: must be from 1 to 100");
+  }
+  o.etcd = absl::GetFlag(FLAGS_etcd);
+  o.etcd_args = SplitServerArgs(absl::GetFlag(FLAGS_etcd_args));
+  if (o.SideBySide()) {
+    if (o.mode != Options::Mode::kWrite && o.mode != Options::Mode::kWatch &&
+        o.mode != Options::Mode::kGet && o.mode != Options::Mode::kList) {
+      return absl::InvalidArgumentError("--targets: only with --mode=write, watch, get or list");
+    }
+    if (!o.target.empty()) {
+      return absl::InvalidArgumentError(
+          "--targets and --mode=get/list start their own servers: no --target");
+    }
+    if (o.mode == Options::Mode::kWrite && o.write.api != WriteLoadOptions::Api::kUnary) {
+      return absl::InvalidArgumentError(
+          "--targets: the write load side by side is unary creates (--api=unary): etcd has no "
+          "Write stream");
+    }
+  }
   return o;
 }
 
@@ -436,6 +525,24 @@ std::string ServerDescription(const Options& o) {
                         absl::StrJoin(o.replication.replicator_args, " "),
                         ", on 127.0.0.1, started by the tool, each store with --data-dir in a "
                         "fresh temporary directory (removed when it stops)");
+  }
+  if (o.SideBySide()) {
+    std::vector<std::string> parts;
+    for (Target::Kind k : o.targets) {
+      if (k == Target::Kind::kCacheServer) {
+        parts.push_back(absl::StrCat(o.server, o.server_args.empty() ? "" : " ",
+                                     absl::StrJoin(o.server_args, " "),
+                                     " (--data-dir in a fresh temporary directory)"));
+      } else {
+        parts.push_back(
+            absl::StrCat(o.etcd,
+                         " (one member, its defaults, fsync on; --data-dir in a fresh temporary "
+                         "directory, client and peer URLs on 127.0.0.1 ports picked free",
+                         o.etcd_args.empty() ? "" : "; ", absl::StrJoin(o.etcd_args, " "), ")"));
+      }
+    }
+    return absl::StrCat(absl::StrJoin(parts, ", and "),
+                        ", on 127.0.0.1, started by the tool, both running for the whole run");
   }
   if (!o.target.empty()) return absl::StrCat("--target=", o.target);
   return absl::StrCat(
@@ -627,6 +734,367 @@ int RunWatch(Options options) {
   if (!r.write_errors.empty())
     std::cout << "\nCreate errors: " << ErrorList(r.write_errors) << "\n";
   return r.Verified() && r.writes_failed == 0 ? 0 : 1;
+}
+
+// One server that RunSideBySide started: cache_server or etcd.
+class SideServer {
+ public:
+  SideServer(const Options& options, Target::Kind kind) : options_(options), kind_(kind) {}
+  ~SideServer() { Stop(false); }
+
+  absl::Status Start() {
+    if (kind_ == Target::Kind::kCacheServer) {
+      cache_ = std::make_unique<Server>(options_);
+      return cache_->Start();
+    }
+    etcd_ = std::make_unique<EtcdProcess>(options_.etcd, options_.etcd_args);
+    return etcd_->Start();
+  }
+  void Stop(bool show_log) {
+    if (cache_ != nullptr) cache_->Stop(show_log);
+    cache_.reset();
+    if (etcd_ != nullptr && show_log) {
+      std::string log = etcd_->Log();
+      if (log.size() > 4000) log = "..." + log.substr(log.size() - 4000);
+      std::cerr << "--- etcd log (tail) ---\n" << log << "---\n";
+    }
+    if (etcd_ != nullptr) etcd_->Stop(options_.keep_data);
+    etcd_.reset();
+  }
+  Target::Kind kind() const { return kind_; }
+  std::string name() const { return kind_ == Target::Kind::kCacheServer ? "cache_server" : "etcd"; }
+  std::string address() const {
+    return cache_ != nullptr ? cache_->address() : etcd_ != nullptr ? etcd_->address() : "";
+  }
+  pid_t pid() const {
+    return cache_ != nullptr ? cache_->pid() : etcd_ != nullptr ? etcd_->pid() : -1;
+  }
+  std::string data_dir() const {
+    return cache_ != nullptr ? cache_->data_dir() : etcd_ != nullptr ? etcd_->data_dir() : "";
+  }
+  // A target over `channels` fresh channels to this server.
+  // cache_server's watches start from its current revision, as etcd's do (see target.h).
+  std::unique_ptr<Target> MakeTarget(int channels) const {
+    auto ch = Channels(address(), channels);
+    return kind_ == Target::Kind::kCacheServer ? MakeStoreTarget(ch, /*watch_from_now=*/true)
+                                               : MakeEtcdTarget(ch);
+  }
+  std::unique_ptr<Target> MakeTargetOn(std::shared_ptr<grpc::Channel> channel) const {
+    std::vector<std::shared_ptr<grpc::Channel>> ch = {std::move(channel)};
+    return kind_ == Target::Kind::kCacheServer ? MakeStoreTarget(ch, /*watch_from_now=*/true)
+                                               : MakeEtcdTarget(ch);
+  }
+
+ private:
+  const Options& options_;
+  const Target::Kind kind_;
+  std::unique_ptr<Server> cache_;
+  std::unique_ptr<EtcdProcess> etcd_;
+};
+
+// One figure of a side-by-side run, per round and server.
+struct Figure {
+  std::string name;
+  bool higher_is_better;
+};
+
+// The figures of one round on one server, in the order of the mode's Figure list, and whether
+// the round was sound (no errors, every check passed), with notes for the reader.
+struct RoundResult {
+  std::vector<double> values;
+  bool ok = true;
+  std::string note;
+};
+
+std::string FigureCell(double v) {
+  if (std::isnan(v)) return "n/a";
+  if (v != 0 && std::fabs(v) < 10) return absl::StrFormat("%.2f", v);
+  return absl::StrFormat("%.0f", v);
+}
+
+// Fills the server behind `target` with `objects` objects named BenchObjectName(run, 0, i);
+// returns their keys (empty on failure, with the reason in *error).
+std::vector<v1::ObjectMeta> Fill(const Options& options, Target* target, int64_t objects,
+                                 std::string* error) {
+  WriteLoadOptions w;
+  w.api = WriteLoadOptions::Api::kUnary;
+  w.clients = std::min(target->slots(), 16);
+  w.warmup = absl::ZeroDuration();
+  w.duration = options.startup.fill_timeout;
+  w.total_writes = objects;
+  w.name_by_index = true;
+  w.run_id = NewRunId();
+  w.rpc_timeout = options.write.rpc_timeout;
+  WriteLoadResult r = RunWriteLoad(w, target);
+  if (r.ok != objects || r.errors > 0) {
+    *error = absl::StrCat(r.ok, " of ", objects, " objects written; ", ErrorList(r.error_samples));
+    return {};
+  }
+  std::vector<v1::ObjectMeta> keys;
+  for (int64_t i = 0; i < objects; ++i) {
+    keys.push_back(MakeCreateRequest(w.run_id, 0, i, 0).object().metadata());
+  }
+  return keys;
+}
+
+int RunSideBySide(Options options) {
+  const bool is_watch = options.mode == Options::Mode::kWatch;
+  const bool is_read = options.mode == Options::Mode::kGet || options.mode == Options::Mode::kList;
+  const char* what = options.mode == Options::Mode::kWrite ? "Write load (unary creates)"
+                     : is_watch                            ? "Watch fan-out"
+                     : options.mode == Options::Mode::kGet ? "Get (one object per call)"
+                                                           : "List (every object, one page)";
+  std::vector<Figure> figures;
+  if (is_watch) {
+    figures = {{"write rate achieved /s", true},
+               {"delivered events/s", true},
+               {"delivery p50 ms (write sent to receipt)", false},
+               {"delivery p99 ms", false},
+               {"delivery max ms", false},
+               {absl::StrCat("watchers more than ", absl::FormatDuration(options.watch.late_after),
+                             " late"),
+                false},
+               {"watchers ended by the server", false},
+               {"create p99 ms", false},
+               {"server peak RSS MiB", false},
+               {"server CPU (cores)", false},
+               {"store_bench CPU (cores)", false}};
+  } else {
+    figures = {{is_read ? "reads/s" : "writes/s", true},
+               {"p50 ms", false},
+               {"p99 ms", false},
+               {"max ms", false},
+               {"server CPU (cores)", false},
+               {"server RSS MiB at the end", false}};
+    if (!is_read) figures.push_back({"disk flushes/s (every process's)", false});
+  }
+
+  // Start every server, and fill them for the read modes.
+  std::vector<std::unique_ptr<SideServer>> servers;
+  for (Target::Kind kind : options.targets) {
+    servers.push_back(std::make_unique<SideServer>(options, kind));
+    if (absl::Status s = servers.back()->Start(); !s.ok()) {
+      std::cerr << "store_bench: cannot start " << servers.back()->name() << ": " << s.message()
+                << "\n";
+      return 2;
+    }
+  }
+  std::vector<std::vector<v1::ObjectMeta>> keys(servers.size());
+  if (is_read) {
+    for (size_t i = 0; i < servers.size(); ++i) {
+      std::unique_ptr<Target> t = servers[i]->MakeTarget(8);
+      std::string error;
+      keys[i] = Fill(options, t.get(), options.read_objects, &error);
+      if (keys[i].empty()) {
+        std::cerr << "store_bench: cannot fill " << servers[i]->name() << ": " << error << "\n";
+        return 2;
+      }
+    }
+  }
+
+  std::cout << "## " << what << ", side by side: "
+            << absl::StrJoin(servers, ", ",
+                             [](std::string* out, const std::unique_ptr<SideServer>& s) {
+                               out->append(s->name());
+                             })
+            << "\n\n";
+  if (is_watch) {
+    std::cout << options.watch.watchers << " watchers of the bench resource (etcd: of its key "
+              << "prefix " << EtcdPrefix() << "), "
+              << absl::StrFormat("%g", options.watch.write_rate) << " creates/s of "
+              << MakeCreateRequest("0123456789", 0, 0, 0).object().ByteSizeLong()
+              << "-byte objects for " << absl::FormatDuration(options.watch.duration)
+              << ", in each round. Each watcher is its own stream (cache_server: Watch; etcd: "
+                 "one Watch stream with one watch), over "
+              << (options.channels > 0 ? options.channels : 16)
+              << " channels; the writer has one more channel. Both watch from the current "
+                 "revision (cache_server: resourceVersion from a List; etcd: no start revision), "
+                 "so neither sends initial state. Delivery latency is from the write's send to "
+                 "the event's receipt, over every event of every watcher. When store_bench's own "
+                 "CPU nears the cores it can get, the tool is the bottleneck, not the server.\n\n";
+  } else {
+    std::cout
+        << "Closed loop: each client keeps one call in flight. "
+        << (is_read
+                ? absl::StrCat(
+                      "Each server was first filled with ", options.read_objects, " objects of ",
+                      MakeCreateRequest("0123456789", 0, 0, 0).object().ByteSizeLong(), " bytes. ")
+                : absl::StrCat("Each write creates a new object of ",
+                               MakeCreateRequest("0123456789", 0, 0, 0).object().ByteSizeLong(),
+                               " bytes (etcd: a Put of its serialized bytes). "))
+        << "Warm-up " << absl::FormatDuration(options.write.warmup) << ", then "
+        << absl::FormatDuration(options.write.duration) << " measured, in each round.\n\n";
+  }
+  std::cout << "Rounds run in turn (round 1 on each server, then round 2, ...); the other "
+               "server is idle meanwhile.\n\n";
+
+  // Per clients value (once for watch): every round on every server, then the summary.
+  std::vector<int> client_counts = is_watch ? std::vector<int>{0} : options.clients;
+  bool all_ok = true;
+  for (int clients : client_counts) {
+    if (!is_watch) std::cout << "### " << clients << " clients\n\n";
+    std::cout << "| round | server |";
+    for (const Figure& f : figures) std::cout << " " << f.name << " |";
+    std::cout << " load avg (1m) | notes |\n|---|---|";
+    for (size_t i = 0; i < figures.size(); ++i) std::cout << "---:|";
+    std::cout << "---:|---|\n" << std::flush;
+    // results[server][round]
+    std::vector<std::vector<RoundResult>> results(servers.size());
+    for (int round = 1; round <= options.rounds; ++round) {
+      for (size_t si = 0; si < servers.size(); ++si) {
+        SideServer& server = *servers[si];
+        RoundResult rr;
+        if (is_watch) {
+          int channels = options.channels > 0 ? options.channels : 16;
+          std::unique_ptr<Target> watch_target = server.MakeTarget(channels);
+          std::unique_ptr<Target> write_target =
+              server.MakeTargetOn(MakeChannel(server.address(), channels));
+          WatchLoadOptions w = options.watch;
+          w.run_id = NewRunId();
+          w.server_pid = server.pid();
+          WatchLoadResult r = RunWatchLoad(w, watch_target.get(), write_target.get());
+          rr.values = {
+              r.write_seconds > 0 ? static_cast<double>(r.writes_ok) / r.write_seconds : NAN,
+              r.delivery_seconds > 0 ? static_cast<double>(r.events_received) / r.delivery_seconds
+                                     : NAN,
+              r.send_to_receipt.count > 0 ? r.send_to_receipt.p50_ms : NAN,
+              r.send_to_receipt.count > 0 ? r.send_to_receipt.p99_ms : NAN,
+              r.send_to_receipt.count > 0 ? r.send_to_receipt.max_ms : NAN,
+              static_cast<double>(r.watchers_late),
+              static_cast<double>(r.watchers_ended_early),
+              r.write_ack.count > 0 ? r.write_ack.p99_ms : NAN,
+              r.server_peak_threads > 0 ? static_cast<double>(r.server_peak_rss_kb) / 1024.0 : NAN,
+              r.server_cores,
+              r.client_cores};
+          rr.ok = r.Verified() && r.writes_failed == 0;
+          std::vector<std::string> notes;
+          notes.push_back(absl::StrFormat("%d/%d watchers in place in %.2f s", r.synced, r.watchers,
+                                          r.sync_seconds));
+          notes.push_back(absl::StrFormat("events %d/%d", r.events_received, r.events_expected));
+          if (r.duplicates + r.out_of_order > 0) {
+            notes.push_back(
+                absl::StrFormat("%d duplicate, %d out of order", r.duplicates, r.out_of_order));
+          }
+          if (!r.early_end_reasons.empty()) notes.push_back(ErrorList(r.early_end_reasons));
+          if (!r.write_errors.empty()) {
+            notes.push_back(absl::StrCat("create errors: ", ErrorList(r.write_errors)));
+          }
+          if (!r.server_busiest.name.empty()) {
+            notes.push_back(absl::StrFormat("busiest thread %.2f cores (%s)",
+                                            r.server_busiest.cores, r.server_busiest.name));
+          }
+          notes.push_back(rr.ok ? "verified" : "**NOT VERIFIED**");
+          rr.note = absl::StrJoin(notes, "; ");
+          // Streams that did not end point at the targets: keep them until the process exits.
+          if (!r.streams_ended) {
+            (void)watch_target.release();
+            (void)write_target.release();
+          }
+        } else {
+          int channels = options.channels > 0 ? options.channels : std::min(clients, 8);
+          std::unique_ptr<Target> target = server.MakeTarget(channels);
+          double ops = NAN;
+          LatencySummary lat;
+          int64_t errors = 0;
+          std::map<std::string, int64_t> error_samples;
+          bool clean = true;
+          ProcStats end;
+          double cores = 0;
+          double flushes = NAN;
+          if (is_read) {
+            ReadLoadOptions ro = options.read;
+            ro.clients = clients;
+            ro.keys = keys[si];
+            ro.min_items = options.read_objects;
+            ro.server_pid = server.pid();
+            ReadLoadResult r = RunReadLoad(ro, target.get());
+            ops = r.seconds > 0 ? static_cast<double>(r.ok) / r.seconds : NAN;
+            lat = r.latency;
+            errors = r.errors;
+            error_samples = r.error_samples;
+            clean = r.clean_exit;
+            end = r.server_end;
+            cores = r.server_cores;
+          } else {
+            WriteLoadOptions w = options.write;
+            w.clients = clients;
+            w.run_id = NewRunId();
+            w.server_pid = server.pid();
+            w.disk_path = server.data_dir();
+            WriteLoadResult r = RunWriteLoad(w, target.get());
+            if (r.flushes_before.ok && r.flushes_after.ok && r.seconds > 0) {
+              flushes = static_cast<double>(r.flushes_after.flushes - r.flushes_before.flushes) /
+                        r.seconds;
+            }
+            ops = r.seconds > 0 ? static_cast<double>(r.ok) / r.seconds : NAN;
+            lat = r.latency;
+            errors = r.errors;
+            error_samples = r.error_samples;
+            clean = r.clean_exit;
+            end = r.server_end;
+            cores = r.server_cores;
+          }
+          rr.values = {ops,
+                       lat.count > 0 ? lat.p50_ms : NAN,
+                       lat.count > 0 ? lat.p99_ms : NAN,
+                       lat.count > 0 ? lat.max_ms : NAN,
+                       cores,
+                       end.ok ? static_cast<double>(end.rss_kb) / 1024.0 : NAN};
+          if (!is_read) rr.values.push_back(flushes);
+          rr.ok = errors == 0 && clean && lat.count > 0;
+          rr.note = absl::StrCat(errors, " errors", clean ? "" : ", clients did not end in time",
+                                 error_samples.empty() ? "" : ": ", ErrorList(error_samples));
+          if (!clean) (void)target.release();
+        }
+        all_ok = all_ok && rr.ok;
+        std::cout << "| " << round << " | " << server.name() << " |";
+        for (double v : rr.values) std::cout << " " << FigureCell(v) << " |";
+        std::cout << " " << LoadAverage() << " | " << rr.note << " |\n" << std::flush;
+        results[si].push_back(std::move(rr));
+      }
+    }
+
+    // The summary: each figure's mean over the rounds, per server, and the ratio.
+    std::cout << "\n| figure (mean of " << options.rounds << " rounds) |";
+    for (const auto& s : servers) std::cout << " " << s->name() << " |";
+    const bool ratio = servers.size() == 2;
+    if (ratio) std::cout << " " << servers[0]->name() << " / " << servers[1]->name() << " |";
+    std::cout << "\n|---|";
+    for (size_t i = 0; i < servers.size() + (ratio ? 1 : 0); ++i) std::cout << "---:|";
+    std::cout << "\n";
+    for (size_t fi = 0; fi < figures.size(); ++fi) {
+      std::cout << "| " << figures[fi].name
+                << (figures[fi].higher_is_better ? " (higher " : " (lower ") << "is better) |";
+      std::vector<double> means;
+      for (size_t si = 0; si < servers.size(); ++si) {
+        double sum = 0;
+        int n = 0;
+        for (const RoundResult& rr : results[si]) {
+          if (fi < rr.values.size() && !std::isnan(rr.values[fi])) {
+            sum += rr.values[fi];
+            ++n;
+          }
+        }
+        means.push_back(n > 0 ? sum / n : NAN);
+        std::cout << " " << FigureCell(means.back()) << " |";
+      }
+      if (ratio) {
+        std::cout << " "
+                  << (means[1] != 0 && !std::isnan(means[0]) && !std::isnan(means[1])
+                          ? absl::StrFormat("%.2f", means[0] / means[1])
+                          : std::string("n/a"))
+                  << " |";
+      }
+      std::cout << "\n";
+    }
+    std::cout << "\n" << std::flush;
+  }
+
+  for (auto& s : servers) s->Stop(!all_ok);
+  std::cout << "Verified (every round of every server without errors"
+            << (is_watch ? ", every watcher got every event once, in order" : "")
+            << "): " << (all_ok ? "yes" : "**NO**") << "\n";
+  return all_ok ? 0 : 1;
 }
 
 std::string FormatBytes(int64_t bytes) {
@@ -991,6 +1459,9 @@ int main(int argc, char** argv) {
       "load a shardcache Store server.\n\n"
       "  store_bench --mode=write --clients=1,16,64 --duration=10s [--api=stream --window=64]\n"
       "  store_bench --mode=watch --watchers=1000 --write-rate=200/s --duration=20s\n"
+      "  store_bench --mode=get --objects=1000 --clients=1,16 --duration=10s\n"
+      "  store_bench --mode=watch --targets=cache_server,etcd --watchers=1000 "
+      "--write-rate=100/s\n"
       "  store_bench --mode=fsync --duration=10s [--fsync-dir=DIR]\n"
       "  store_bench --mode=startup --objects=1000000 --object-bytes=1024\n"
       "  store_bench --mode=replication --objects=10000 --object-bytes=1024\n\n"
@@ -1011,7 +1482,11 @@ int main(int argc, char** argv) {
             << "Machine: " << sysconf(_SC_NPROCESSORS_ONLN) << " CPUs online; load average (1m) "
             << shardcache::bench::LoadAverage() << " at start.\n\n"
             << std::flush;
+  if (options->SideBySide()) return shardcache::bench::RunSideBySide(*std::move(options));
   switch (options->mode) {
+    case shardcache::bench::Options::Mode::kGet:
+    case shardcache::bench::Options::Mode::kList:
+      return 2;  // side by side, above
     case shardcache::bench::Options::Mode::kWrite:
       return shardcache::bench::RunWrite(*std::move(options));
     case shardcache::bench::Options::Mode::kWatch:

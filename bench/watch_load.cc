@@ -15,8 +15,6 @@
 namespace shardcache::bench {
 namespace {
 
-constexpr char kInitialEventsEnd[] = "k8s.io/initial-events-end";
-
 std::string StatusKey(int code, const std::string& message) {
   return absl::StrCat(absl::StatusCodeToString(static_cast<absl::StatusCode>(code)), ": ",
                       message.substr(0, 160));
@@ -29,9 +27,9 @@ struct Progress {
   std::atomic<int64_t> last_sync_ns{0};
 };
 
-// One Watch stream. The read chain (OnReadDone) owns the counters and samples; the main thread
-// reads them only after OnDone.
-class WatchClient : public grpc::ClientReadReactor<v1::WatchEvent> {
+// One watch. The read chain (OnEvent) owns the counters and samples; the main thread reads them
+// only after OnEnded.
+class WatchClient : public WatchHandler {
  public:
   struct Sample {
     int32_t seq;
@@ -43,76 +41,34 @@ class WatchClient : public grpc::ClientReadReactor<v1::WatchEvent> {
     samples_.reserve(static_cast<size_t>(planned));
   }
 
-  void Start(v1::Store::Stub* stub, absl::Time deadline) {
-    *request_.mutable_resource() = BenchResource();
-    ctx_.set_deadline(absl::ToChronoTime(deadline));
-    stub->async()->Watch(&ctx_, &request_, this);
-    StartRead(&event_);
-    StartCall();
+  void Start(Target* target, int slot, absl::Time deadline) {
+    stream_ = target->Watch(slot, deadline, this);
   }
 
-  // Ends the stream from this side; OnDone follows.
+  // Ends the stream from this side; OnEnded follows.
   void Cancel() {
     cancelled_.store(true);
-    ctx_.TryCancel();
+    stream_->Cancel();
   }
 
-  void OnReadDone(bool ok) override {
-    if (!ok) return;  // OnDone follows with the status
+  void OnSynced() override {
+    if (synced_.load()) return;
+    synced_.store(true);
+    progress_->last_sync_ns.store(NowNanos());
+    progress_->synced.fetch_add(1);
+  }
+
+  void OnEvent(bool created, const v1::Object* object, int64_t rv) override {
     int64_t now = NowNanos();
-    Handle(now);
-    StartRead(&event_);
-  }
-
-  void OnDone(const grpc::Status& status) override {
-    {
-      absl::MutexLock l(&mu_);
-      status_ = status;
-      ended_early_ = !cancelled_.load();
-    }
-    progress_->done.fetch_add(1);
-  }
-
-  int64_t received() const { return received_.load(); }
-  bool synced() const { return synced_.load(); }
-
-  // REQUIRES: OnDone has run.
-  const std::vector<Sample>& samples() const { return samples_; }
-  const std::vector<bool>& seen() const { return seen_; }
-  int64_t duplicates() const { return duplicates_; }
-  int64_t out_of_order() const { return out_of_order_; }
-  int64_t unexpected() const { return unexpected_; }
-  int64_t last_receipt_ns() const { return last_receipt_ns_; }
-  bool ended_early(grpc::Status* status) {
-    absl::MutexLock l(&mu_);
-    *status = status_;
-    return ended_early_;
-  }
-
- private:
-  void Handle(int64_t now) {
-    const v1::Object& object = event_.object();
-    if (event_.type() == v1::WatchEvent::BOOKMARK) {
-      auto it = object.metadata().annotations().find(kInitialEventsEnd);
-      if (!synced_.load() && it != object.metadata().annotations().end() && it->second == "true") {
-        synced_.store(true);
-        progress_->last_sync_ns.store(now);
-        progress_->synced.fetch_add(1);
-      }
-      return;
-    }
     if (!synced_.load()) return;  // initial events of objects from earlier runs
     std::string run;
     int64_t seq = 0, sent_ns = 0;
-    if (event_.type() != v1::WatchEvent::ADDED || !ParseBenchSpec(object, &run, &seq, &sent_ns) ||
+    if (!created || object == nullptr || !ParseBenchSpec(*object, &run, &seq, &sent_ns) ||
         run != run_id_ || seq < 0 || seq >= static_cast<int64_t>(seen_.size())) {
       ++unexpected_;
       return;
     }
-    int64_t rv = 0;
-    if (!absl::SimpleAtoi(object.metadata().resource_version(), &rv) || rv <= last_rv_) {
-      ++out_of_order_;
-    }
+    if (rv <= last_rv_) ++out_of_order_;
     last_rv_ = std::max(last_rv_, rv);
     if (seen_[seq]) {
       ++duplicates_;
@@ -124,11 +80,38 @@ class WatchClient : public grpc::ClientReadReactor<v1::WatchEvent> {
     received_.fetch_add(1);
   }
 
+  void OnEnded(const grpc::Status& status) override {
+    {
+      absl::MutexLock l(&mu_);
+      status_ = status;
+      ended_early_ = !cancelled_.load();
+    }
+    progress_->done.fetch_add(1);
+  }
+
+  int64_t received() const { return received_.load(); }
+  bool synced() const { return synced_.load(); }
+
+  // REQUIRES: OnEnded has run.
+  const std::vector<Sample>& samples() const { return samples_; }
+  const std::vector<bool>& seen() const { return seen_; }
+  int64_t duplicates() const { return duplicates_; }
+  int64_t out_of_order() const { return out_of_order_; }
+  int64_t unexpected() const { return unexpected_; }
+  int64_t last_receipt_ns() const { return last_receipt_ns_; }
+  bool ended_early(grpc::Status* status) {
+    absl::MutexLock l(&mu_);
+    *status = status_;
+    return ended_early_;
+  }
+  // Gives up the stream (it is still running and points at this watcher, which must then live
+  // until the process exits).
+  void Abandon() { (void)stream_.release(); }
+
+ private:
   Progress* const progress_;
   const std::string run_id_;
-  grpc::ClientContext ctx_;
-  v1::WatchRequest request_;
-  v1::WatchEvent event_;
+  std::unique_ptr<WatchStream> stream_;
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> synced_{false};
   std::atomic<int64_t> received_{0};
@@ -160,17 +143,9 @@ struct WriteLog {
   std::map<std::string, int64_t> errors ABSL_GUARDED_BY(mu);
 };
 
-struct WriteCall {
-  grpc::ClientContext ctx;
-  v1::CreateRequest request;
-  v1::Object response;
-  int64_t seq = 0;
-  int64_t sent_ns = 0;
-};
-
 // Sends `planned` Creates at `rate` a second from now; returns the time of the first send. Waits
 // until every Create is answered (each has a deadline).
-int64_t WritePaced(const WatchLoadOptions& options, v1::Store::Stub* stub, int64_t planned,
+int64_t WritePaced(const WatchLoadOptions& options, Target* target, int64_t planned,
                    WriteLog* log) {
   int64_t start_ns = NowNanos();
   double period_ns = 1e9 / options.write_rate;
@@ -186,24 +161,19 @@ int64_t WritePaced(const WatchLoadOptions& options, v1::Store::Stub* stub, int64
       // Answers come within rpc_timeout, so this wait is bounded.
       log->mu.AwaitWithTimeout(absl::Condition(&room), options.rpc_timeout + absl::Seconds(5));
     }
-    auto* call = new WriteCall;
-    call->seq = seq;
-    call->sent_ns = NowNanos();
-    call->request = MakeCreateRequest(options.run_id, 0, seq, call->sent_ns);
-    call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.rpc_timeout));
-    stub->async()->Create(&call->ctx, &call->request, &call->response,
-                          [log, call](grpc::Status status) {
-                            int64_t now = NowNanos();
-                            log->ack_ns[call->seq] = now - call->sent_ns;
-                            log->ok[call->seq] = status.ok() ? 1 : 0;
-                            absl::MutexLock l(&log->mu);
-                            ++log->answered;
-                            log->last_answer_ns = std::max(log->last_answer_ns, now);
-                            if (!status.ok()) {
-                              ++log->errors[StatusKey(status.error_code(), status.error_message())];
-                            }
-                            delete call;
-                          });
+    int64_t sent_ns = NowNanos();
+    target->Create(0, MakeCreateRequest(options.run_id, 0, seq, sent_ns), options.rpc_timeout,
+                   [log, seq, sent_ns](const grpc::Status& status) {
+                     int64_t now = NowNanos();
+                     log->ack_ns[seq] = now - sent_ns;
+                     log->ok[seq] = status.ok() ? 1 : 0;
+                     absl::MutexLock l(&log->mu);
+                     ++log->answered;
+                     log->last_answer_ns = std::max(log->last_answer_ns, now);
+                     if (!status.ok()) {
+                       ++log->errors[StatusKey(status.error_code(), status.error_message())];
+                     }
+                   });
   }
   absl::MutexLock l(&log->mu);
   auto all_answered = [log, planned]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(log->mu) {
@@ -229,6 +199,19 @@ bool PollUntil(F done, absl::Duration timeout) {
 WatchLoadResult RunWatchLoad(const WatchLoadOptions& options,
                              const std::vector<std::shared_ptr<grpc::Channel>>& watch_channels,
                              const std::shared_ptr<grpc::Channel>& write_channel) {
+  // Streams that did not end in time point at the targets' stubs: keep them until the exit.
+  auto* watch_target = MakeStoreTarget(watch_channels).release();
+  auto* write_target = MakeStoreTarget({write_channel}).release();
+  WatchLoadResult r = RunWatchLoad(options, watch_target, write_target);
+  if (r.streams_ended) {
+    delete watch_target;
+    delete write_target;
+  }
+  return r;
+}
+
+WatchLoadResult RunWatchLoad(const WatchLoadOptions& options, Target* watch_target,
+                             Target* write_target) {
   WatchLoadResult r;
   r.watchers = options.watchers;
   r.writes_planned = std::max<int64_t>(
@@ -236,8 +219,6 @@ WatchLoadResult RunWatchLoad(const WatchLoadOptions& options,
   r.server_before = ReadProcStats(options.server_pid);
 
   // Open the watchers and wait for every initial bookmark.
-  std::vector<std::unique_ptr<v1::Store::Stub>> stubs;
-  for (const auto& ch : watch_channels) stubs.push_back(v1::Store::NewStub(ch));
   Progress progress;
   std::vector<std::unique_ptr<WatchClient>> watchers;
   absl::Time watch_deadline = absl::Now() + options.setup_timeout + options.idle +
@@ -246,7 +227,7 @@ WatchLoadResult RunWatchLoad(const WatchLoadOptions& options,
   int64_t open_ns = NowNanos();
   for (int i = 0; i < options.watchers; ++i) {
     watchers.push_back(std::make_unique<WatchClient>(&progress, options.run_id, r.writes_planned));
-    watchers.back()->Start(stubs[i % stubs.size()].get(), watch_deadline);
+    watchers.back()->Start(watch_target, i, watch_deadline);
   }
   PollUntil([&] { return progress.synced.load() + progress.done.load() >= options.watchers; },
             options.setup_timeout);
@@ -275,9 +256,8 @@ WatchLoadResult RunWatchLoad(const WatchLoadOptions& options,
     ProcStats server_cpu_start = ReadProcStats(options.server_pid);
     std::map<pid_t, double> server_threads_start = ReadThreadCpu(options.server_pid);
     ProcStats client_cpu_start = ReadProcStats(0);
-    auto write_stub = v1::Store::NewStub(write_channel);
     WriteLog log(r.writes_planned);
-    int64_t first_send_ns = WritePaced(options, write_stub.get(), r.writes_planned, &log);
+    int64_t first_send_ns = WritePaced(options, write_target, r.writes_planned, &log);
     r.server_end = ReadProcStats(options.server_pid);
     r.client_end = ReadProcStats(0);
     int64_t last_answer_ns = 0;
@@ -342,12 +322,15 @@ WatchLoadResult RunWatchLoad(const WatchLoadOptions& options,
       r.duplicates += w->duplicates();
       r.out_of_order += w->out_of_order();
       r.unexpected += w->unexpected();
+      bool late = false;
       for (const WatchClient::Sample& sample : w->samples()) {
         if (!log.ok[sample.seq]) continue;
+        late = late || sample.latency_ns > absl::ToInt64Nanoseconds(options.late_after);
         ++r.events_received;
         send_to_receipt.push_back(sample.latency_ns);
         ack_to_receipt.push_back(sample.latency_ns - log.ack_ns[sample.seq]);
       }
+      if (late) ++r.watchers_late;
     }
     r.events_expected = r.writes_ok * options.watchers;
     r.send_to_receipt = Summarize(&send_to_receipt);
@@ -357,10 +340,13 @@ WatchLoadResult RunWatchLoad(const WatchLoadOptions& options,
       if (log.ok[seq]) acks.push_back(log.ack_ns[seq]);
     }
     r.write_ack = Summarize(&acks);
+    r.streams_ended = all_done;
     if (!all_done) {
       // Streams are still running and point at the watchers: keep them until the process exits.
-      for (auto& w : watchers) w.release();
-      for (auto& s : stubs) s.release();
+      for (auto& w : watchers) {
+        w->Abandon();
+        (void)w.release();
+      }
     }
     return r;
   }
@@ -376,9 +362,12 @@ WatchLoadResult RunWatchLoad(const WatchLoadOptions& options,
       ++r.early_end_reasons[StatusKey(s.error_code(), s.error_message())];
     }
   }
+  r.streams_ended = all_done;
   if (!all_done) {
-    for (auto& w : watchers) w.release();
-    for (auto& s : stubs) s.release();
+    for (auto& w : watchers) {
+      w->Abandon();
+      (void)w.release();
+    }
   }
   return r;
 }

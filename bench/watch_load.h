@@ -1,10 +1,11 @@
-// WatchLoad: many concurrent Watch streams on one Store server, all receiving a steady, paced
-// write load; checks that every watcher received every event and measures delivery latency and
-// the server's threads and memory.
+// WatchLoad: many concurrent watches on one server (a Target: cache_server, or etcd), all
+// receiving a steady, paced write load; checks that every watcher received every event and measures
+// delivery latency and the server's threads and memory.
 //
 // The watchers are callback reactors (gRPC's callback client API), spread over a few channels:
-// no thread per stream. Each watches the benchmark resource from now and counts as open once it
-// has received its initial-events-end bookmark. The writer then sends `write_rate` Creates a
+// no thread per stream. Each watches the benchmark resource from now and counts as open once the
+// server says the watch is in place (cache_server: its initial-events-end bookmark; etcd: the
+// created response). The writer then sends `write_rate` Creates a
 // second (open loop: each is sent at its time whether or not earlier ones have been answered, up
 // to `max_outstanding_writes`); each object's spec carries its send time, so a watcher knows how
 // long the event took to reach it.
@@ -23,6 +24,7 @@
 
 #include "absl/time/time.h"
 #include "bench/bench_util.h"
+#include "bench/target.h"
 
 namespace shardcache::bench {
 
@@ -47,6 +49,8 @@ struct WatchLoadOptions {
   std::string run_id;
   // The server's pid for thread, memory and CPU readings; -1 if unknown.
   pid_t server_pid = -1;
+  // A watcher is late when any event reached it later than this after its write was sent.
+  absl::Duration late_after = absl::Milliseconds(100);
 };
 
 struct WatchLoadResult {
@@ -69,6 +73,7 @@ struct WatchLoadResult {
   int64_t out_of_order = 0;      // events whose resourceVersion did not rise
   int64_t unexpected = 0;        // events other than this run's ADDED events, after the bookmark
   int watchers_complete = 0;     // received every event of every write answered OK
+  int watchers_late = 0;         // received some event more than late_after after its send
   int watchers_ended_early = 0;  // ended before the benchmark cancelled them
   std::map<std::string, int64_t> early_end_reasons;  // "CODE: message" -> watchers
   double delivery_seconds = 0;                       // first write sent to last event received
@@ -87,6 +92,7 @@ struct WatchLoadResult {
   double server_cores = 0;  // CPU cores used on average from the first write to the last event
   double client_cores = 0;
   BusiestThread server_busiest;  // the server thread that used the most CPU, same interval
+  bool streams_ended = true;     // every stream ended when the load was over
 
   // True when every watcher received every event once, in order.
   bool Verified() const {
@@ -95,7 +101,13 @@ struct WatchLoadResult {
   }
 };
 
-// Runs the load; blocks until it is over (bounded by the options' timeouts).
+// Runs the load: watcher i watches through watch_target's slot i, and the writer writes through
+// write_target's slot 0 (the two may be one target). Blocks until it is over (bounded by the
+// options' timeouts).
+WatchLoadResult RunWatchLoad(const WatchLoadOptions& options, Target* watch_target,
+                             Target* write_target);
+
+// The same against the cache_server that the channels lead to.
 WatchLoadResult RunWatchLoad(const WatchLoadOptions& options,
                              const std::vector<std::shared_ptr<grpc::Channel>>& watch_channels,
                              const std::shared_ptr<grpc::Channel>& write_channel);

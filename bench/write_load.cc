@@ -140,44 +140,32 @@ class ClientStats {
   std::map<std::string, int64_t> error_samples_ ABSL_GUARDED_BY(mu_);
 };
 
-// One Create call in flight at a time; the next is sent from the previous one's callback.
+// One create in flight at a time; the next is sent from the previous one's callback.
 class UnaryClient : public ClientStats {
  public:
-  UnaryClient(Shared* shared, v1::Store::Stub* stub, int index)
-      : ClientStats(shared), stub_(stub), index_(index) {}
+  UnaryClient(Shared* shared, Target* target, int index)
+      : ClientStats(shared), target_(target), index_(index) {}
 
   void Start() { Next(); }
 
  private:
-  struct Call {
-    grpc::ClientContext ctx;
-    v1::CreateRequest request;
-    v1::Object response;
-    int64_t index = 0;
-    int64_t sent_ns = 0;
-  };
-
   void Next() {
     int64_t index = 0;
     if (!shared_->ClaimWrite(&index)) {
       shared_->ClientDone();
       return;
     }
-    auto* call = new Call;
-    call->index = index;
-    call->request = shared_->MakeRequest(index_, seq_++, index);
-    call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + shared_->options.rpc_timeout));
-    call->sent_ns = NowNanos();
-    stub_->async()->Create(&call->ctx, &call->request, &call->response,
-                           [this, call](grpc::Status status) {
-                             Record(call->index, call->sent_ns, NowNanos(), status.error_code(),
-                                    status.error_message());
-                             delete call;
-                             Next();
-                           });
+    v1::CreateRequest request = shared_->MakeRequest(index_, seq_++, index);
+    int64_t sent_ns = NowNanos();
+    target_->Create(index_, std::move(request), shared_->options.rpc_timeout,
+                    [this, index, sent_ns](const grpc::Status& status) {
+                      Record(index, sent_ns, NowNanos(), status.error_code(),
+                             status.error_message());
+                      Next();
+                    });
   }
 
-  v1::Store::Stub* const stub_;
+  Target* const target_;
   const int index_;
   int64_t seq_ = 0;  // only touched by the one call chain
 };
@@ -294,9 +282,22 @@ class StreamClient : public ClientStats,
 
 WriteLoadResult RunWriteLoad(const WriteLoadOptions& options,
                              const std::vector<std::shared_ptr<grpc::Channel>>& channels) {
+  std::unique_ptr<Target> target = MakeStoreTarget(channels);
+  WriteLoadResult result = RunWriteLoad(options, target.get());
+  // Calls that did not end in time still point at the target's stubs.
+  if (!result.clean_exit) target.release();
+  return result;
+}
+
+WriteLoadResult RunWriteLoad(const WriteLoadOptions& options, Target* target) {
+  if (options.api == WriteLoadOptions::Api::kStream && target->StoreStub(0) == nullptr) {
+    WriteLoadResult r;
+    r.errors = 1;
+    r.error_samples[absl::StrCat("INVALID_ARGUMENT: the Write stream is cache_server's; ",
+                                 target->Name(), " takes unary writes only")] = 1;
+    return r;
+  }
   Shared shared(options);
-  std::vector<std::unique_ptr<v1::Store::Stub>> stubs;
-  for (const auto& ch : channels) stubs.push_back(v1::Store::NewStub(ch));
 
   std::vector<std::unique_ptr<ClientStats>> clients;
   {
@@ -320,13 +321,12 @@ WriteLoadResult RunWriteLoad(const WriteLoadOptions& options,
   // Without a warm-up every write counts, the first one too.
   if (options.warmup == absl::ZeroDuration()) start_measuring();
   for (int i = 0; i < options.clients; ++i) {
-    v1::Store::Stub* stub = stubs[i % stubs.size()].get();
     if (options.api == WriteLoadOptions::Api::kUnary) {
-      auto c = std::make_unique<UnaryClient>(&shared, stub, i);
+      auto c = std::make_unique<UnaryClient>(&shared, target, i);
       c->Start();
       clients.push_back(std::move(c));
     } else {
-      auto c = std::make_unique<StreamClient>(&shared, stub, i);
+      auto c = std::make_unique<StreamClient>(&shared, target->StoreStub(i), i);
       c->Start(stream_deadline);
       clients.push_back(std::move(c));
     }
@@ -374,7 +374,6 @@ WriteLoadResult RunWriteLoad(const WriteLoadOptions& options,
   if (!result.clean_exit) {
     // Calls are still running and point at the clients: keep them alive until the process exits.
     for (auto& c : clients) c.release();
-    for (auto& s : stubs) s.release();
   }
   return result;
 }

@@ -1,5 +1,6 @@
-// WriteLoad: closed-loop write clients against one Store server, for a fixed time (or number of
-// writes), measuring throughput and per-write latency.
+// WriteLoad: closed-loop write clients against one server (a Target: cache_server, or etcd for
+// unary creates), for a fixed time (or number of writes), measuring throughput and per-write
+// latency.
 //
 // Each client keeps its writes going without a thread of its own (gRPC's callback client API):
 // with kUnary, one Create call in flight at a time, the next sent when the previous answers; with
@@ -26,6 +27,7 @@
 
 #include "absl/time/time.h"
 #include "bench/bench_util.h"
+#include "bench/target.h"
 
 namespace shardcache::bench {
 
@@ -94,7 +96,11 @@ struct WriteLoadResult {
   DiskFlushes flushes_after;
 };
 
-// Runs the load; blocks until it is over (at most warmup + duration + 2 * rpc_timeout).
+// Runs the load against `target` (client i uses slot i); blocks until it is over (at most warmup
+// + duration + 2 * rpc_timeout). Api::kStream needs a cache_server target.
+WriteLoadResult RunWriteLoad(const WriteLoadOptions& options, Target* target);
+
+// The same against the cache_server that `channels` lead to.
 WriteLoadResult RunWriteLoad(const WriteLoadOptions& options,
                              const std::vector<std::shared_ptr<grpc::Channel>>& channels);
 

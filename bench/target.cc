@@ -1,0 +1,376 @@
+#include "bench/target.h"
+
+#include <atomic>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "bench/bench_util.h"
+#include "etcd/rpc.grpc.pb.h"
+
+namespace shardcache::bench {
+namespace {
+
+constexpr char kInitialEventsEnd[] = "k8s.io/initial-events-end";
+
+std::chrono::system_clock::time_point DeadlineIn(absl::Duration timeout) {
+  return absl::ToChronoTime(absl::Now() + timeout);
+}
+
+// ---- cache_server ----
+
+class StoreWatch : public WatchStream, public grpc::ClientReadReactor<v1::WatchEvent> {
+ public:
+  explicit StoreWatch(WatchHandler* handler) : handler_(handler) {}
+
+  // `from_revision` empty: the current state first, synced at the initial-events-end bookmark;
+  // else every change after that revision, synced once the server has sent its headers (it
+  // sends them as it takes the watch; every change after the revision comes, from its history if
+  // need be).
+  void Start(v1::Store::Stub* stub, absl::Time deadline, const std::string& from_revision) {
+    *request_.mutable_resource() = BenchResource();
+    request_.set_resource_version(from_revision);
+    from_revision_ = !from_revision.empty();
+    ctx_.set_deadline(absl::ToChronoTime(deadline));
+    stub->async()->Watch(&ctx_, &request_, this);
+    StartRead(&event_);
+    StartCall();
+  }
+  void Cancel() override { ctx_.TryCancel(); }
+
+  void OnReadInitialMetadataDone(bool ok) override {
+    if (ok && from_revision_) handler_->OnSynced();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // OnDone follows with the status
+    const v1::Object& object = event_.object();
+    if (event_.type() == v1::WatchEvent::BOOKMARK) {
+      auto it = object.metadata().annotations().find(kInitialEventsEnd);
+      if (!synced_ && it != object.metadata().annotations().end() && it->second == "true") {
+        synced_ = true;
+        handler_->OnSynced();
+      }
+    } else {
+      int64_t rv = 0;
+      if (!absl::SimpleAtoi(object.metadata().resource_version(), &rv)) rv = -1;
+      handler_->OnEvent(event_.type() == v1::WatchEvent::ADDED, &object, rv);
+    }
+    StartRead(&event_);
+  }
+  void OnDone(const grpc::Status& status) override { handler_->OnEnded(status); }
+
+ private:
+  WatchHandler* const handler_;
+  grpc::ClientContext ctx_;
+  v1::WatchRequest request_;
+  v1::WatchEvent event_;
+  bool from_revision_ = false;
+  bool synced_ = false;  // owned by the read chain
+};
+
+class StoreTarget : public Target {
+ public:
+  StoreTarget(std::vector<std::shared_ptr<grpc::Channel>> channels, bool watch_from_now)
+      : watch_from_now_(watch_from_now) {
+    for (const auto& ch : channels) stubs_.push_back(v1::Store::NewStub(ch));
+  }
+  Kind kind() const override { return Kind::kCacheServer; }
+  int slots() const override { return static_cast<int>(stubs_.size()); }
+  v1::Store::Stub* StoreStub(int slot) override { return stubs_[slot % stubs_.size()].get(); }
+
+  void Create(int slot, v1::CreateRequest request, absl::Duration timeout, Done done) override {
+    struct Call {
+      grpc::ClientContext ctx;
+      v1::CreateRequest request;
+      v1::Object response;
+      Done done;
+    };
+    auto* call = new Call;
+    call->request = std::move(request);
+    call->done = std::move(done);
+    call->ctx.set_deadline(DeadlineIn(timeout));
+    StoreStub(slot)->async()->Create(&call->ctx, &call->request, &call->response,
+                                     [call](grpc::Status status) {
+                                       call->done(status);
+                                       delete call;
+                                     });
+  }
+
+  void Get(int slot, const v1::ObjectMeta& key, absl::Duration timeout,
+           std::function<void(const grpc::Status&, bool)> done) override {
+    struct Call {
+      grpc::ClientContext ctx;
+      v1::GetRequest request;
+      v1::Object response;
+      std::function<void(const grpc::Status&, bool)> done;
+    };
+    auto* call = new Call;
+    *call->request.mutable_resource() = BenchResource();
+    call->request.set_cluster(key.cluster());
+    call->request.set_namespace_(key.namespace_());
+    call->request.set_name(key.name());
+    call->done = std::move(done);
+    call->ctx.set_deadline(DeadlineIn(timeout));
+    StoreStub(slot)->async()->Get(&call->ctx, &call->request, &call->response,
+                                  [call](grpc::Status status) {
+                                    if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+                                      call->done(grpc::Status::OK, false);
+                                    } else {
+                                      call->done(status, status.ok());
+                                    }
+                                    delete call;
+                                  });
+  }
+
+  void List(int slot, absl::Duration timeout,
+            std::function<void(const grpc::Status&, int64_t)> done) override {
+    struct Call {
+      grpc::ClientContext ctx;
+      v1::ListRequest request;
+      v1::ListResponse response;
+      std::function<void(const grpc::Status&, int64_t)> done;
+    };
+    auto* call = new Call;
+    *call->request.mutable_resource() = BenchResource();
+    call->done = std::move(done);
+    call->ctx.set_deadline(DeadlineIn(timeout));
+    StoreStub(slot)->async()->List(&call->ctx, &call->request, &call->response,
+                                   [call](grpc::Status status) {
+                                     call->done(status, call->response.items_size());
+                                     delete call;
+                                   });
+  }
+
+  std::unique_ptr<WatchStream> Watch(int slot, absl::Time deadline,
+                                     WatchHandler* handler) override {
+    auto w = std::make_unique<StoreWatch>(handler);
+    w->Start(StoreStub(slot), deadline, watch_from_now_ ? CurrentRevision() : "");
+    return w;
+  }
+
+ private:
+  // The store's revision when the first watch opened (a List of one item); "" if it could not be
+  // read (the watch then starts with the current state).
+  std::string CurrentRevision() {
+    absl::MutexLock l(&mu_);
+    if (!revision_.empty()) return revision_;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineIn(absl::Seconds(10)));
+    v1::ListRequest request;
+    *request.mutable_resource() = BenchResource();
+    request.set_limit(1);
+    v1::ListResponse response;
+    if (StoreStub(0)->List(&ctx, request, &response).ok()) revision_ = response.resource_version();
+    return revision_;
+  }
+
+  std::vector<std::unique_ptr<v1::Store::Stub>> stubs_;
+  const bool watch_from_now_;
+  absl::Mutex mu_;
+  std::string revision_ ABSL_GUARDED_BY(mu_);
+};
+
+// ---- etcd ----
+
+// The end of the range of keys that start with `prefix`, as etcd clients compute it.
+std::string PrefixEnd(std::string prefix) {
+  for (int i = static_cast<int>(prefix.size()) - 1; i >= 0; --i) {
+    if (static_cast<unsigned char>(prefix[i]) < 0xff) {
+      prefix[i] = static_cast<char>(prefix[i] + 1);
+      prefix.resize(i + 1);
+      return prefix;
+    }
+  }
+  return std::string(1, '\0');
+}
+
+// One Watch stream carrying one watch (a prefix from now). The create request is the only
+// write; the read chain runs until the stream ends.
+class EtcdWatch
+    : public WatchStream,
+      public grpc::ClientBidiReactor<etcdserverpb::WatchRequest, etcdserverpb::WatchResponse> {
+ public:
+  explicit EtcdWatch(WatchHandler* handler) : handler_(handler) {}
+
+  void Start(etcdserverpb::Watch::Stub* stub, absl::Time deadline) {
+    etcdserverpb::WatchCreateRequest* create = request_.mutable_create_request();
+    create->set_key(EtcdPrefix());
+    create->set_range_end(PrefixEnd(EtcdPrefix()));
+    ctx_.set_deadline(absl::ToChronoTime(deadline));
+    stub->async()->Watch(&ctx_, this);
+    StartWrite(&request_);
+    StartRead(&response_);
+    StartCall();
+  }
+  void Cancel() override { ctx_.TryCancel(); }
+
+  void OnWriteDone(bool /*ok*/) override {}
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // OnDone follows with the status
+    if (response_.created() && !synced_) {
+      synced_ = true;
+      handler_->OnSynced();
+    }
+    for (const mvccpb::Event& e : response_.events()) {
+      bool parsed = object_.ParseFromString(e.kv().value());
+      handler_->OnEvent(e.type() == mvccpb::Event::PUT && e.kv().version() == 1,
+                        parsed ? &object_ : nullptr, e.kv().mod_revision());
+    }
+    if (response_.canceled()) {
+      // The server ended the watch but keeps the stream: end it, and report why.
+      {
+        absl::MutexLock l(&mu_);
+        canceled_reason_ =
+            absl::StrCat("etcd canceled the watch (compact_revision ", response_.compact_revision(),
+                         "): ", response_.cancel_reason());
+      }
+      ctx_.TryCancel();
+      return;
+    }
+    StartRead(&response_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    std::string reason;
+    {
+      absl::MutexLock l(&mu_);
+      reason = canceled_reason_;
+    }
+    if (!reason.empty()) {
+      handler_->OnEnded(grpc::Status(grpc::StatusCode::ABORTED, reason));
+    } else {
+      handler_->OnEnded(status);
+    }
+  }
+
+ private:
+  WatchHandler* const handler_;
+  grpc::ClientContext ctx_;
+  etcdserverpb::WatchRequest request_;
+  // Owned by the read chain.
+  etcdserverpb::WatchResponse response_;
+  v1::Object object_;
+  bool synced_ = false;
+  absl::Mutex mu_;
+  std::string canceled_reason_ ABSL_GUARDED_BY(mu_);
+};
+
+class EtcdTarget : public Target {
+ public:
+  explicit EtcdTarget(std::vector<std::shared_ptr<grpc::Channel>> channels) {
+    for (const auto& ch : channels) {
+      kv_.push_back(etcdserverpb::KV::NewStub(ch));
+      watch_.push_back(etcdserverpb::Watch::NewStub(ch));
+    }
+  }
+  Kind kind() const override { return Kind::kEtcd; }
+  int slots() const override { return static_cast<int>(kv_.size()); }
+
+  void Create(int slot, v1::CreateRequest request, absl::Duration timeout, Done done) override {
+    struct Call {
+      grpc::ClientContext ctx;
+      etcdserverpb::PutRequest request;
+      etcdserverpb::PutResponse response;
+      Done done;
+    };
+    auto* call = new Call;
+    call->request.set_key(EtcdKey(request.object().metadata()));
+    call->request.set_value(request.object().SerializeAsString());
+    call->done = std::move(done);
+    call->ctx.set_deadline(DeadlineIn(timeout));
+    Kv(slot)->async()->Put(&call->ctx, &call->request, &call->response,
+                           [call](grpc::Status status) {
+                             call->done(status);
+                             delete call;
+                           });
+  }
+
+  void Get(int slot, const v1::ObjectMeta& key, absl::Duration timeout,
+           std::function<void(const grpc::Status&, bool)> done) override {
+    struct Call {
+      grpc::ClientContext ctx;
+      etcdserverpb::RangeRequest request;
+      etcdserverpb::RangeResponse response;
+      std::function<void(const grpc::Status&, bool)> done;
+    };
+    auto* call = new Call;
+    call->request.set_key(EtcdKey(key));
+    call->done = std::move(done);
+    call->ctx.set_deadline(DeadlineIn(timeout));
+    Kv(slot)->async()->Range(&call->ctx, &call->request, &call->response,
+                             [call](grpc::Status status) {
+                               bool found = false;
+                               if (status.ok() && call->response.kvs_size() == 1) {
+                                 // Decode it, as a client of the Store API receives it decoded.
+                                 v1::Object object;
+                                 found = object.ParseFromString(call->response.kvs(0).value());
+                               }
+                               call->done(status, found);
+                               delete call;
+                             });
+  }
+
+  void List(int slot, absl::Duration timeout,
+            std::function<void(const grpc::Status&, int64_t)> done) override {
+    struct Call {
+      grpc::ClientContext ctx;
+      etcdserverpb::RangeRequest request;
+      etcdserverpb::RangeResponse response;
+      std::function<void(const grpc::Status&, int64_t)> done;
+    };
+    auto* call = new Call;
+    call->request.set_key(EtcdPrefix());
+    call->request.set_range_end(PrefixEnd(EtcdPrefix()));
+    call->done = std::move(done);
+    call->ctx.set_deadline(DeadlineIn(timeout));
+    Kv(slot)->async()->Range(&call->ctx, &call->request, &call->response,
+                             [call](grpc::Status status) {
+                               // Decode every item, as a client of the Store API receives them.
+                               int64_t items = 0;
+                               v1::Object object;
+                               for (const mvccpb::KeyValue& kv : call->response.kvs()) {
+                                 if (object.ParseFromString(kv.value())) ++items;
+                               }
+                               call->done(status, items);
+                               delete call;
+                             });
+  }
+
+  std::unique_ptr<WatchStream> Watch(int slot, absl::Time deadline,
+                                     WatchHandler* handler) override {
+    auto w = std::make_unique<EtcdWatch>(handler);
+    w->Start(watch_[slot % watch_.size()].get(), deadline);
+    return w;
+  }
+
+ private:
+  etcdserverpb::KV::Stub* Kv(int slot) { return kv_[slot % kv_.size()].get(); }
+
+  std::vector<std::unique_ptr<etcdserverpb::KV::Stub>> kv_;
+  std::vector<std::unique_ptr<etcdserverpb::Watch::Stub>> watch_;
+};
+
+}  // namespace
+
+std::string EtcdPrefix() {
+  v1::GroupVersionResource r = BenchResource();
+  return absl::StrCat("/registry/", r.group(), "/", r.resource(), "/");
+}
+
+std::string EtcdKey(const v1::ObjectMeta& meta) {
+  return absl::StrCat(EtcdPrefix(), meta.cluster(), "/", meta.namespace_(), "/", meta.name());
+}
+
+std::unique_ptr<Target> MakeStoreTarget(std::vector<std::shared_ptr<grpc::Channel>> channels,
+                                        bool watch_from_now) {
+  return std::make_unique<StoreTarget>(std::move(channels), watch_from_now);
+}
+
+std::unique_ptr<Target> MakeEtcdTarget(std::vector<std::shared_ptr<grpc::Channel>> channels) {
+  return std::make_unique<EtcdTarget>(std::move(channels));
+}
+
+}  // namespace shardcache::bench
