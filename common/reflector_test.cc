@@ -159,18 +159,6 @@ class ReflectorTest : public ::testing::Test {
     reflector_ = *std::move(r);
   }
 
-  // Makes `call` again while it fails UNAVAILABLE: the first call on a connection that a
-  // restarted server has closed fails so (the client learns of the close only by using it).
-  template <typename Call>
-  static grpc::Status Retrying(Call call) {
-    grpc::Status s;
-    for (int attempt = 0; attempt < 5; ++attempt) {
-      s = call();
-      if (s.error_code() != grpc::StatusCode::UNAVAILABLE) break;
-    }
-    return s;
-  }
-
   v1::Object Put(const v1::GroupVersionResource& gvr, const std::string& name,
                  const std::string& color = "red") {
     v1::UpdateRequest req;
@@ -182,9 +170,10 @@ class ReflectorTest : public ::testing::Test {
     v1::CreateRequest create;
     *create.mutable_resource() = gvr;
     *create.mutable_object() = req.object();
-    grpc::Status s = Retrying([&] { return stub_->Create(Context().get(), create, &out); });
+    grpc::Status s =
+        testing::RetryingUnavailable([&] { return stub_->Create(Context().get(), create, &out); });
     if (s.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
-      s = Retrying([&] { return stub_->Update(Context().get(), req, &out); });
+      s = testing::RetryingUnavailable([&] { return stub_->Update(Context().get(), req, &out); });
     }
     EXPECT_TRUE(s.ok()) << s.error_message();
     return out;
@@ -195,7 +184,8 @@ class ReflectorTest : public ::testing::Test {
     *req.mutable_resource() = gvr;
     req.set_name(name);
     v1::DeleteResponse resp;
-    grpc::Status s = Retrying([&] { return stub_->Delete(Context().get(), req, &resp); });
+    grpc::Status s =
+        testing::RetryingUnavailable([&] { return stub_->Delete(Context().get(), req, &resp); });
     EXPECT_TRUE(s.ok()) << s.error_message();
   }
 
@@ -204,7 +194,8 @@ class ReflectorTest : public ::testing::Test {
     v1::ListRequest req;
     *req.mutable_resource() = gvr;
     v1::ListResponse resp;
-    grpc::Status s = Retrying([&] { return stub_->List(Context().get(), req, &resp); });
+    grpc::Status s =
+        testing::RetryingUnavailable([&] { return stub_->List(Context().get(), req, &resp); });
     EXPECT_TRUE(s.ok()) << s.error_message();
     std::map<std::string, std::string> out;
     for (const v1::Object& o : resp.items())
@@ -216,6 +207,9 @@ class ReflectorTest : public ::testing::Test {
   std::shared_ptr<grpc::Channel> channel_;
   std::shared_ptr<v1::Store::StubInterface> stub_;
   RecordingSink sink_;
+  // The clock of tests that move time themselves: a member, declared before what reads it, so that
+  // it outlives the threads (the reflector's watchdog) that read it until they are stopped.
+  FakeClock fake_clock_;
   std::unique_ptr<Reflector> reflector_;
 };
 
@@ -330,7 +324,7 @@ TEST_F(ReflectorTest, Relist_AfterTooOldResourceVersion) {
   StartServer({"--history-events=5"});
   Put(kWidgets, "keep");
   Put(kWidgets, "gone");
-  FakeClock clock;
+  FakeClock& clock = fake_clock_;
   Reflector::Options options = FastOptions();
   options.clock = &clock;  // the backoff wait only ends when the test moves the clock
   options.backoff.jitter = 0;
@@ -563,7 +557,7 @@ TEST_F(ReflectorTest, Backoff_WaitsOnTheClock_AndStopInterruptsIt) {
   ASSERT_EQ(dead.Stop(), 0);
   Connect(address);
 
-  FakeClock clock;
+  FakeClock& clock = fake_clock_;
   Reflector::Options options = FastOptions();
   options.clock = &clock;
   options.backoff.initial = absl::Seconds(1);

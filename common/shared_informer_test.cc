@@ -260,6 +260,9 @@ class SharedInformerTest : public ::testing::Test {
   std::unique_ptr<ServerProcess> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::shared_ptr<v1::Store::StubInterface> stub_;
+  // The clock of tests that move time themselves: a member, declared before what reads it, so that
+  // it outlives the threads (the reflector's watchdog) that read it until they are stopped.
+  FakeClock fake_clock_;
   std::vector<std::shared_ptr<SharedInformer>> informers_;
 };
 
@@ -580,7 +583,7 @@ TEST_F(SharedInformerTest, Resync_RedeliversEveryObjectEachPeriod_OnTheClock) {
   StartServer();
   Put("w0");
   Put("w1");
-  FakeClock clock;
+  FakeClock& clock = fake_clock_;
   SharedInformer::Options options;
   options.clock = &clock;
   auto informer = MakeInformer(kWidgets, options);

@@ -154,6 +154,12 @@ TEST_F(ServerLifecycleTest, Sigterm_WithOpenWatchesAndWriteStream_DrainsAndExits
     exited = true;
     exit_status = s;
   }
+  if (!exited && absl::StartsWith(readyz, "error:")) {
+    // The HTTP endpoint stops last, once the drain is over, just before the process exits: a
+    // drain that short can fall between two polls. Then the endpoint is gone, not still ready.
+    exit_status = server_->Wait(kDrain + absl::Seconds(10));
+    exited = exit_status != -1;
+  }
   if (!exited) {
     EXPECT_THAT(readyz, StartsWith("503\n")) << "/readyz while draining";
   }

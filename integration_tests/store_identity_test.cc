@@ -38,7 +38,7 @@ v1::ListResponse ListAt(v1::Store::Stub* stub, const v1::GroupVersionResource& g
   v1::ListRequest req;
   *req.mutable_resource() = gvr;
   v1::ListResponse resp;
-  grpc::Status s = stub->List(Context().get(), req, &resp);
+  grpc::Status s = RetryingUnavailable([&] { return stub->List(Context().get(), req, &resp); });
   EXPECT_TRUE(s.ok()) << s.error_message();
   return resp;
 }
@@ -51,7 +51,7 @@ void FillGadgets(v1::Store::Stub* stub, int first, int count) {
     req.mutable_object()->mutable_metadata()->set_cluster(kCluster);
     req.mutable_object()->mutable_metadata()->set_name(absl::StrCat("g", i));
     v1::Object out;
-    grpc::Status s = stub->Create(Context().get(), req, &out);
+    grpc::Status s = RetryingUnavailable([&] { return stub->Create(Context().get(), req, &out); });
     ASSERT_TRUE(s.ok()) << s.error_message();
   }
 }

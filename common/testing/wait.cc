@@ -65,4 +65,13 @@ std::unique_ptr<grpc::ClientContext> FailFastContext(absl::Duration timeout) {
   return ctx;
 }
 
+grpc::Status RetryingUnavailable(const std::function<grpc::Status()>& call, int attempts) {
+  grpc::Status s;
+  for (int attempt = 0; attempt < attempts; ++attempt) {
+    s = call();
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+  }
+  return s;
+}
+
 }  // namespace shardcache::testing

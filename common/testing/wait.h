@@ -61,6 +61,12 @@ std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout = absl::Seco
 // have their RPC sent later to a server that comes back.
 std::unique_ptr<grpc::ClientContext> FailFastContext(absl::Duration timeout = absl::Seconds(10));
 
+// Makes `call` (a whole call, with a fresh context each time) again while it fails UNAVAILABLE,
+// at most `attempts` times. A server that stops closes its connections once its calls are
+// answered; a client learns of that only by using the connection, so its first call on it after
+// a restart can fail UNAVAILABLE. For idempotent calls of tests that restart a server.
+grpc::Status RetryingUnavailable(const std::function<grpc::Status()>& call, int attempts = 5);
+
 }  // namespace shardcache::testing
 
 #endif  // SHARDCACHE_COMMON_TESTING_WAIT_H_
