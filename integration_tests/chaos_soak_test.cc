@@ -43,6 +43,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/lease_lock.h"
+#include "common/store_client.h"
 #include "integration_tests/fault_proxy.h"
 #include "integration_tests/invariant_checker.h"
 #include "integration_tests/replicator_fixture.h"
@@ -327,14 +328,15 @@ class ChaosSoak : public ::testing::Test {
     for (auto& [name, p] : stores_) {
       absl::Status started = p.process->Start();
       ASSERT_TRUE(started.ok()) << name << ": " << started;
-      // The soak's own writes reach a restarted store at once, not after gRPC's reconnect
-      // backoff (1 s growing to 2 min), which would make them fail long after it is back.
-      grpc::ChannelArguments args;
-      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-      args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-      stubs_[name] = v1::Store::NewStub(grpc::CreateCustomChannel(
-          p.process->grpc_address(), grpc::InsecureChannelCredentials(), args));
+      // The soak's own writes use the channels the replicators use: they reach a restarted
+      // store within a second (not after gRPC's default reconnect backoff, growing to 2 min),
+      // and give a connection attempt gRPC's default time to finish (its minimum connect
+      // timeout, 20 s): a shorter one fails every attempt while a loaded store is slow to
+      // complete the handshake.
+      absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+          CreateStoreChannel(p.process->grpc_address());
+      ASSERT_TRUE(channel.ok()) << channel.status();
+      stubs_[name] = v1::Store::NewStub(*channel);
     }
   }
 
