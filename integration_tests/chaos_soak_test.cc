@@ -1,9 +1,10 @@
 // The chaos soak: two shards (a shard store each), one cache, two shard_replicator replicas per
 // shard, every replica talking to its shard store and to the cache through its own FaultProxy.
-// A schedule of faults and of workload writes, generated from a seed, runs for a while; then
-// every fault is healed and the InvariantChecker is polled until it finds the cache and every
-// CCR's status equal to the truth, within a bound. The soak reports the time to convergence; on
-// failure it prints the seed, the schedule and the checker's differences.
+// A schedule of faults and of workload writes, generated from a seed, runs for a while (the faults
+// that it started last are still in force at its end); then every fault is healed and the
+// InvariantChecker is polled until it finds the cache and every CCR's status equal to the truth,
+// within a bound. The soak reports the time to convergence; on failure it prints the seed, the
+// schedule and the checker's differences.
 //
 // The schedule is a pure function of the seed (and the duration): replaying a seed replays the
 // same steps in the same order, at the same offsets; the processes' timing is of course not.
@@ -286,6 +287,11 @@ std::vector<Step> MakeSchedule(uint64_t seed, absl::Duration duration) {
       }
     }
   }
+  // A fault's end that falls after the schedule's end is left to the heal, so that the soak ends
+  // with faults in force and its convergence is that of a real recovery.
+  steps.erase(
+      std::remove_if(steps.begin(), steps.end(), [&](const Step& s) { return s.at >= duration; }),
+      steps.end());
   std::stable_sort(steps.begin(), steps.end(),
                    [](const Step& a, const Step& b) { return a.at < b.at; });
   return steps;
