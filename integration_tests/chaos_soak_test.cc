@@ -334,16 +334,17 @@ class ChaosSoak : public ::testing::Test {
     for (auto& [name, p] : stores_) {
       absl::Status started = p.process->Start();
       ASSERT_TRUE(started.ok()) << name << ": " << started;
-      // The soak's own writes use the channels the replicators use: they reach a restarted
-      // store within a second (not after gRPC's default reconnect backoff, growing to 2 min),
-      // and give a connection attempt gRPC's default time to finish (its minimum connect
-      // timeout, 20 s): a shorter one fails every attempt while a loaded store is slow to
-      // complete the handshake.
-      absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-          CreateStoreChannel(p.process->grpc_address());
-      ASSERT_TRUE(channel.ok()) << channel.status();
-      stubs_[name] = v1::Store::NewStub(*channel);
+      ASSERT_NO_FATAL_FAILURE(Connect(name));
     }
+  }
+
+  // A new channel to a store for the soak's own calls, with the replicators' channel arguments
+  // (they reach a restarted store within a second, not after gRPC's default reconnect backoff).
+  void Connect(const std::string& store) {
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+        CreateStoreChannel(stores_.at(store).process->grpc_address());
+    ASSERT_TRUE(channel.ok()) << channel.status();
+    stubs_[store] = v1::Store::NewStub(*channel);
   }
 
   void StartReplicas() {
@@ -604,6 +605,11 @@ class ChaosSoak : public ::testing::Test {
       }
     }
     for (auto& [name, proxy] : proxies_) proxy->Heal();
+    // The heal's own calls go over new channels, as the checker's do. A channel of the soak to a
+    // store that was down for a long time has been seen failing every call with the error of its
+    // last attempt ("connection refused", "tcp handshaker shutdown") for 10 s and more after the
+    // store was back and served everyone else; the heal is not the place to wait for it.
+    for (auto& [name, p] : stores_) Connect(name);
     // Every definition exists, and every cluster has its CCR again (one deleted by the schedule
     // comes back selecting everything).
     auto ensure = [&](const std::string& what, const std::function<grpc::Status()>& create) {
