@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/lease_lock.h"
 #include "integration_tests/fault_proxy.h"
 #include "integration_tests/invariant_checker.h"
 #include "integration_tests/replicator_fixture.h"
@@ -151,6 +152,39 @@ class FaultScenariosTest : public ReplicatorFixture {
     EXPECT_TRUE(s.ok()) << "update " << name << ": " << s.error_message();
   }
 
+  // Until the CCR "widgets" says that the leader's writes wait (Synced=False): the leader has seen
+  // changes that it cannot write to the cache.
+  ::testing::AssertionResult WaitForWritesWaiting() {
+    return WaitForCcr(
+        "widgets",
+        [](const v1::Object& ccr) { return FindCondition(ccr, "Synced").status == "False"; },
+        "Synced=False (writes wait for the cache)");
+  }
+
+  // Until `holder` has renewed shard "a"'s lease at `after` or later, in the term it held at the
+  // call (the same leaseTransitions): proof that it kept leading until then.
+  ::testing::AssertionResult WaitForRenewalAfter(const std::string& holder, absl::Time after,
+                                                 absl::Duration timeout) {
+    std::optional<LeaderElectionRecord> first;
+    std::string last = "no lease";
+    auto renewed = [&] {
+      std::optional<v1::Object> lease = GetLease("a");
+      if (!lease.has_value()) return false;
+      absl::StatusOr<LeaderElectionRecord> record = RecordFromSpec(lease->spec());
+      if (!record.ok()) return false;
+      if (!first.has_value()) first = *record;
+      last = absl::StrCat("holder ", record->holder_identity, ", leaseTransitions ",
+                          record->leader_transitions, ", renewTime ",
+                          absl::FormatTime(record->renew_time));
+      return record->holder_identity == holder &&
+             record->leader_transitions == first->leader_transitions && record->renew_time >= after;
+    };
+    return Eventually(renewed, timeout,
+                      absl::StrCat(holder, " renewing the lease at ", absl::FormatTime(after),
+                                   " or later, in the same term"),
+                      [&] { return last; });
+  }
+
   static double Counter(ServerProcess* p, const char* name) {
     double v = Metric(p->http_port(), name);
     return v < 0 ? 0 : v;
@@ -223,8 +257,9 @@ TEST_F(FaultScenariosTest, LeaderPartitionedFromItsShardStoreStopsAndStandbyTake
   a_store->Heal();
 }
 
-// The leader loses the cache: a black hole, then reset connections. It keeps leading; its writes
-// wait and are retried; once the cache is reachable again nothing is lost.
+// The leader loses the cache: a black hole, then reset connections. It keeps leading (it renews
+// its lease after its renew deadline has passed in the partition, while its writes wait); its
+// writes are retried; once the cache is reachable again nothing is lost.
 TEST_F(FaultScenariosTest, LeaderPartitionedFromTheCacheLosesNothing) {
   ASSERT_NO_FATAL_FAILURE(StartWithWidgets());
   FaultProxy* to_cache = ProxyTo(cache_);
@@ -233,20 +268,30 @@ TEST_F(FaultScenariosTest, LeaderPartitionedFromTheCacheLosesNothing) {
   ASSERT_TRUE(WaitForLeading(a, 1, absl::Seconds(15)));
   ASSERT_TRUE(Converges(kConverge));
 
+  absl::Time partitioned = absl::Now();
   to_cache->BlackHole();
   ChangeShard(30, 1);
   // Deleted by hand meanwhile: must be restored too.
   ASSERT_TRUE(Ok(DeleteIn(cache(), WidgetsGvr(), "a", kCluster, kNamespace, "w2")));
-  absl::SleepFor(absl::Seconds(2));  // the partition lasts a while (not a negative check)
+  ASSERT_TRUE(WaitForWritesWaiting());
+  // Had the partition made it give up, it would have by its renew deadline.
+  EXPECT_TRUE(WaitForRenewalAfter("replica-0", partitioned + kRenewDeadline + kRetryPeriod,
+                                  kRenewDeadline + kRetryPeriod * 2 + kSlack))
+      << "a partition from the cache made the leader give up its lease";
   EXPECT_EQ(Leading(a), 1) << "a partition from the cache made the leader give up its lease";
   to_cache->Heal();
   absl::Duration took;
   EXPECT_TRUE(Converges(kConverge, &took));
   std::cerr << "after a black hole of the cache: converged " << took << " after the heal\n";
 
+  partitioned = absl::Now();
   to_cache->Cut();
   ChangeShard(30, 2);
-  absl::SleepFor(absl::Seconds(2));  // the partition lasts a while (not a negative check)
+  ASSERT_TRUE(WaitForWritesWaiting());
+  EXPECT_TRUE(WaitForRenewalAfter("replica-0", partitioned + kRenewDeadline + kRetryPeriod,
+                                  kRenewDeadline + kRetryPeriod * 2 + kSlack))
+      << "reset connections to the cache made the leader give up its lease";
+  EXPECT_EQ(Leading(a), 1) << "reset connections to the cache made the leader give up its lease";
   to_cache->Heal();
   EXPECT_TRUE(Converges(kConverge, &took));
   std::cerr << "after reset connections to the cache: converged " << took << " after the heal\n";

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/label_selector.h"
+#include "common/lease_lock.h"
 
 namespace shardcache::testing {
 namespace {
@@ -70,14 +71,37 @@ double NumberField(const Struct* s, const std::string& name) {
   const Value* v = Field(*s, name);
   return v != nullptr && v->has_number_value() ? v->number_value() : -1;
 }
-// The status ("True"/"False", "" when absent) of condition `type` in a CCR's status.
-std::string ConditionStatus(const Struct& status, const std::string& type) {
+// A field ("status", "reason") of condition `type` in a CCR's status; "" when absent.
+std::string ConditionField(const Struct& status, const std::string& type,
+                           const std::string& field) {
   const Value* conditions = Field(status, "conditions");
   if (conditions == nullptr || !conditions->has_list_value()) return "";
   for (const Value& c : conditions->list_value().values()) {
     if (c.has_struct_value() && StringField(c.struct_value(), "type") == type) {
-      return StringField(c.struct_value(), "status");
+      return StringField(c.struct_value(), field);
     }
+  }
+  return "";
+}
+// The status ("True"/"False", "" when absent) of condition `type` in a CCR's status.
+std::string ConditionStatus(const Struct& status, const std::string& type) {
+  return ConditionField(status, type, "status");
+}
+
+// "" when a status of term `epoch` is the current term's: `lease` names a holder and its
+// leaseTransitions is `epoch`; otherwise what differs.
+std::string EpochDifference(double epoch, const std::optional<v1::Object>& lease) {
+  if (!lease.has_value()) return absl::StrCat("epoch ", epoch, ", but there is no lease");
+  absl::StatusOr<LeaderElectionRecord> record = RecordFromSpec(lease->spec());
+  if (!record.ok())
+    return absl::StrCat("epoch ", epoch, ", lease unreadable: ", record.status().ToString());
+  if (record->holder_identity.empty()) {
+    return absl::StrCat("epoch ", epoch, ", but the lease names no holder (leaseTransitions ",
+                        record->leader_transitions, ")");
+  }
+  if (epoch != static_cast<double>(record->leader_transitions)) {
+    return absl::StrCat("epoch ", epoch, ", want the lease's leaseTransitions ",
+                        record->leader_transitions, " (holder ", record->holder_identity, ")");
   }
   return "";
 }
@@ -196,7 +220,8 @@ struct Expected {
 };
 
 void CompareStatus(const std::string& shard, const CcrView& view, bool valid, bool served,
-                   int64_t selected, std::vector<Difference>* out) {
+                   int64_t selected, const std::optional<v1::Object>& lease,
+                   std::vector<Difference>* out) {
   const v1::Object& ccr = *view.object;
   const Struct& status = ccr.status();
   std::vector<std::string> wrong;
@@ -209,12 +234,17 @@ void CompareStatus(const std::string& shard, const CcrView& view, bool valid, bo
        absl::StrCat("observedGeneration ", observed, ", want ", ccr.metadata().generation()));
   std::string valid_cond = ConditionStatus(status, "ResourceValid");
   std::string started = ConditionStatus(status, "ReplicationStarted");
+  std::string synced = ConditionStatus(status, "Synced");
+  std::string synced_reason = ConditionField(status, "Synced", "reason");
+  std::string epoch = EpochDifference(NumberField(&status, "epoch"), lease);
+  want(epoch.empty(), epoch);
   const Struct* counts = StructField(status, "resourceCounts");
   double local = NumberField(counts, "local");
   double cache = NumberField(counts, "cache");
   if (!valid) {
     want(valid_cond == "False", absl::StrCat("ResourceValid ", valid_cond, ", want False"));
     want(phase == "Initializing", absl::StrCat("phase ", phase, ", want Initializing"));
+    want(synced != "True", "Synced True, want not True (invalid)");
   } else if (!served) {
     want(valid_cond == "True", absl::StrCat("ResourceValid ", valid_cond, ", want True"));
     want(phase == "Initializing",
@@ -222,10 +252,13 @@ void CompareStatus(const std::string& shard, const CcrView& view, bool valid, bo
     want(started == "False",
          absl::StrCat("ReplicationStarted ", started, ", want False (not served)"));
     want(cache <= 0, absl::StrCat("resourceCounts.cache ", cache, ", want 0 (not served)"));
+    want(synced != "True", "Synced True, want not True (not served)");
   } else {
     want(valid_cond == "True", absl::StrCat("ResourceValid ", valid_cond, ", want True"));
     want(phase == "Ready", absl::StrCat("phase ", phase, ", want Ready"));
     want(started == "True", absl::StrCat("ReplicationStarted ", started, ", want True"));
+    want(synced == "True" && synced_reason == "InSync",
+         absl::StrCat("Synced ", synced, " (", synced_reason, "), want True (InSync)"));
     want(local == static_cast<double>(selected),
          absl::StrCat("resourceCounts.local ", local, ", want ", selected));
     want(cache == static_cast<double>(selected),
@@ -331,7 +364,7 @@ std::vector<Difference> Compare(const ClusterState& state, bool check_status) {
           }
         }
       }
-      if (check_status) CompareStatus(shard, view, valid, served, selected, &out);
+      if (check_status) CompareStatus(shard, view, valid, served, selected, s.lease, &out);
     }
     for (const auto& [gvr_key, objects] : s.objects) {
       for (const v1::Object& o : objects) {
@@ -435,6 +468,20 @@ absl::StatusOr<ClusterState> InvariantChecker::Read() {
     absl::StatusOr<std::vector<v1::Object>> ccrs = list(client.get(), CcrGvr(), where);
     if (!ccrs.ok()) return ccrs.status();
     s.ccrs = *std::move(ccrs);
+    v1::GetRequest get;
+    get.mutable_resource()->set_group("coordination.shardcache.io");
+    get.mutable_resource()->set_version("v1");
+    get.mutable_resource()->set_resource("leases");
+    get.set_cluster(options_.lease_cluster);
+    get.set_namespace_(options_.lease_namespace);
+    get.set_name(options_.lease_name);
+    absl::StatusOr<v1::Object> lease = client->Get(get);
+    if (lease.ok()) {
+      s.lease = *std::move(lease);
+    } else if (!absl::IsNotFound(lease.status())) {
+      return absl::Status(lease.status().code(), absl::StrCat("reading the lease in ", where, ": ",
+                                                              lease.status().message()));
+    }
     for (const v1::Object& ccr : s.ccrs) {
       CcrView view = ParseCcr(ccr);
       if (!view.parsed) continue;

@@ -12,15 +12,18 @@
 //     = S) that carries the origin's cluster, namespace, name, uid, creationTimestamp, generation,
 //     labels, annotations plus cache.shardcache.io/original-resource-version and original-uid (the
 //     origin's resourceVersion and uid), spec and status, and no finalizers or deletionTimestamp;
-//   - the CCR is Ready, ResourceValid=True, ReplicationStarted=True, observedGeneration = its
-//     generation, and resourceCounts local = cache = the number of such objects.
-// A CCR whose resource S does not serve: no copies, phase Initializing, ReplicationStarted=False.
-// An invalid CCR: ResourceValid=False, phase Initializing. Every CCR has the replicator's finalizer
-// and a copy in the cache (the CCR projected like any object, its status included); a CCR still
-// being deleted once converged is a difference (its deletion never finished).
-// Every other copy with metadata.shard = S (of a resource that a CCR names, or that Options lists)
-// is a copy that nothing backs. An object in a shard store that carries metadata.shard is a
-// difference too (a shard store must refuse it).
+//   - the CCR is Ready, ResourceValid=True, ReplicationStarted=True, Synced=True (reason
+//     InSync), observedGeneration = its generation, and resourceCounts local = cache = the number
+//     of such objects.
+// A CCR whose resource S does not serve: no copies, phase Initializing, ReplicationStarted=False,
+// Synced not True. An invalid CCR: ResourceValid=False, phase Initializing, Synced not True.
+// Every CCR's status was written by the term that leads now (docs/design.md, "Status
+// semantics"): S's lease names a holder, and status.epoch equals its leaseTransitions. Every CCR
+// has the replicator's finalizer and a copy in the cache (the CCR projected like any object, its
+// status included); a CCR still being deleted once converged is a difference (its deletion never
+// finished). Every other copy with metadata.shard = S (of a resource that a CCR names, or that
+// Options lists) is a copy that nothing backs. An object in a shard store that carries
+// metadata.shard is a difference too (a shard store must refuse it).
 //
 // Thread-compatible: one Check at a time per checker; Compare is a pure function.
 #ifndef SHARDCACHE_INTEGRATION_TESTS_INVARIANT_CHECKER_H_
@@ -28,6 +31,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -71,6 +75,8 @@ struct ClusterState {
     // Every object of each resource that a CCR of this shard names, keyed by "group/version/
     // resource" (absent when the shard does not serve it).
     std::map<std::string, std::vector<v1::Object>> objects;
+    // The replicators' lease (absent when nobody ever led).
+    std::optional<v1::Object> lease;
   };
   std::map<std::string, Shard> shards;
   // What the cache holds of each resource that a CCR names (and of the CCR resource, and of
@@ -95,6 +101,10 @@ class InvariantChecker {
     // Resources to look for copies of in the cache, besides those a CCR names now (e.g. those a
     // deleted CCR named). "group/version/resource" values are GroupVersionResource messages.
     std::vector<v1::GroupVersionResource> resources;
+    // Where the replicators of every shard keep their lease (shard_replicator's defaults).
+    std::string lease_cluster = "root";
+    std::string lease_namespace = "shardcache-system";
+    std::string lease_name = "shard-replicator";
     // Deadline of each list call.
     absl::Duration timeout = absl::Seconds(10);
   };
@@ -102,8 +112,8 @@ class InvariantChecker {
   // Connects (lazily, as gRPC does) to every store.
   static absl::StatusOr<std::unique_ptr<InvariantChecker>> Create(Options options);
 
-  // Lists everything (definitions, CCRs, the objects they name, the cache's copies). An error
-  // when a store cannot be listed (down, partitioned).
+  // Lists everything (definitions, CCRs, the objects they name, the lease, the cache's copies). An
+  // error when a store cannot be listed (down, partitioned).
   absl::StatusOr<ClusterState> Read();
   // Read and Compare.
   absl::StatusOr<std::vector<Difference>> Check(bool check_status = true);

@@ -1,7 +1,8 @@
 // Tests of InvariantChecker against real stores with no replicator: the test writes by hand a
 // shard's state and a cache that holds exactly its projection, sees the checker report nothing,
 // then breaks one thing at a time (a missing copy, an extra one, a stale one, a wrong one, a
-// wrong status, a stale CCR copy, a definition deleted under a Ready CCR) and sees each reported
+// wrong status, a stale CCR copy, a definition deleted under a Ready CCR, a status of an earlier
+// leadership term or not Synced) and sees each reported
 // precisely: its kind, shard, CCR and key. A checker that cannot fail would prove nothing.
 #include "integration_tests/invariant_checker.h"
 
@@ -14,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/lease_lock.h"
 #include "integration_tests/replicator_fixture.h"
 #include "integration_tests/store_fixture.h"
 
@@ -53,7 +55,8 @@ std::string WidgetKey(const std::string& name) {
 class InvariantCheckerTest : public ReplicatorFixture {
  protected:
   // Shard "a": widgets w1, w2 (app=web) and w3 (app=db); CCR "widgets" selecting app=web, with
-  // the finalizer and a true status (Ready, 2 and 2). The cache: copies of w1, w2 and the CCR.
+  // the finalizer and a true status (Ready, Synced, 2 and 2, epoch kEpoch); the lease held by
+  // replica-0 in term kEpoch. The cache: copies of w1, w2 and the CCR.
   void SetUp() override {
     ASSERT_NO_FATAL_FAILURE(StartShardStore("a"));
     ASSERT_NO_FATAL_FAILURE(StartCache());
@@ -66,6 +69,7 @@ class InvariantCheckerTest : public ReplicatorFixture {
     ASSERT_TRUE(Ok(Modify(shard(), CcrGvr(), kCluster, "", "widgets", [](v1::Object* o) {
       o->mutable_metadata()->add_finalizers(kFinalizer);
     })));
+    ASSERT_NO_FATAL_FAILURE(SetLease("replica-0", kEpoch));
     ASSERT_NO_FATAL_FAILURE(SetCcrStatus("Ready", "True", 2, 2));
     for (const char* name : {"w1", "w2"})
       ASSERT_NO_FATAL_FAILURE(CopyToCache(WidgetsGvr(), "", name));
@@ -85,11 +89,37 @@ class InvariantCheckerTest : public ReplicatorFixture {
     ReplicatorFixture::TearDown();
   }
 
-  void SetCcrStatus(const std::string& phase, const std::string& started, int local, int cache) {
+  static constexpr int kEpoch = 3;
+
+  // The replicators' lease: held by `holder` ("" : released) in term `transitions`.
+  void SetLease(const std::string& holder, int transitions) {
+    LeaderElectionRecord record;
+    record.holder_identity = holder;
+    record.lease_duration = kLeaseDuration;
+    record.acquire_time = absl::Now();
+    record.renew_time = absl::Now();
+    record.leader_transitions = transitions;
+    if (!GetLease("a").has_value()) {
+      v1::Object lease;
+      lease.mutable_metadata()->set_cluster(kLeaseCluster);
+      lease.mutable_metadata()->set_namespace_(kLeaseNamespace);
+      lease.mutable_metadata()->set_name(kLeaseName);
+      *lease.mutable_spec() = RecordToSpec(record);
+      ASSERT_TRUE(Ok(CreateIn(shard(), LeaseGvr(), lease)));
+      return;
+    }
+    ASSERT_TRUE(Ok(Modify(shard(), LeaseGvr(), kLeaseCluster, kLeaseNamespace, kLeaseName,
+                          [&](v1::Object* o) { *o->mutable_spec() = RecordToSpec(record); })));
+  }
+
+  void SetCcrStatus(const std::string& phase, const std::string& started, int local, int cache,
+                    int epoch = kEpoch, const std::string& synced = "True",
+                    const std::string& synced_reason = "InSync") {
     std::string json = absl::StrCat(
-        R"({"phase":")", phase, R"(","observedGeneration":1,"conditions":[)",
+        R"({"phase":")", phase, R"(","observedGeneration":1,"epoch":)", epoch, R"(,"conditions":[)",
         R"({"type":"ResourceValid","status":"True","reason":"Valid"},)",
-        R"({"type":"ReplicationStarted","status":")", started, R"(","reason":"Started"}],)",
+        R"({"type":"ReplicationStarted","status":")", started, R"(","reason":"Started"},)",
+        R"({"type":"Synced","status":")", synced, R"(","reason":")", synced_reason, R"("}],)",
         R"("resourceCounts":{"local":)", local, R"(,"cache":)", cache, "}}");
     ASSERT_TRUE(Ok(Modify(
         shard(), CcrGvr(), kCluster, "", "widgets",
@@ -201,6 +231,34 @@ TEST_F(InvariantCheckerTest, ReportsWrongStatusAndStaleCcrCopy) {
       EXPECT_NE(d.detail.find("resourceCounts.local 3, want 2"), std::string::npos) << d.detail;
     }
   }
+}
+
+// A status that an earlier term wrote (another term leads now), and one that says the cache does
+// not hold the whole projection yet: both are last known, not converged.
+TEST_F(InvariantCheckerTest, ReportsStatusOfAnEarlierTermAndNotSynced) {
+  ASSERT_NO_FATAL_FAILURE(SetCcrStatus("Ready", "True", 2, 2, kEpoch - 1, "False", "Pending"));
+  ASSERT_NO_FATAL_FAILURE(CopyToCache(CcrGvr(), "", "widgets"));
+  std::vector<Difference> diffs = Check();
+  std::string ccr_key = absl::StrCat(kCcrs, " ", kCluster, "//widgets");
+  EXPECT_EQ(Kinds(diffs), std::vector<std::string>{"wrong-status " + ccr_key}) << Describe(diffs);
+  ASSERT_EQ(diffs.size(), 1u);
+  EXPECT_NE(diffs[0].detail.find(
+                absl::StrCat("epoch ", kEpoch - 1, ", want the lease's leaseTransitions ", kEpoch)),
+            std::string::npos)
+      << diffs[0].detail;
+  EXPECT_NE(diffs[0].detail.find("Synced False (Pending), want True (InSync)"), std::string::npos)
+      << diffs[0].detail;
+}
+
+// The status's term ended with the lease released: nobody leads, so it is only the last known.
+TEST_F(InvariantCheckerTest, ReportsStatusWhileNobodyLeads) {
+  ASSERT_NO_FATAL_FAILURE(SetLease("", kEpoch));
+  std::vector<Difference> diffs = Check();
+  std::string ccr_key = absl::StrCat(kCcrs, " ", kCluster, "//widgets");
+  EXPECT_EQ(Kinds(diffs), std::vector<std::string>{"wrong-status " + ccr_key}) << Describe(diffs);
+  ASSERT_EQ(diffs.size(), 1u);
+  EXPECT_NE(diffs[0].detail.find("the lease names no holder"), std::string::npos)
+      << diffs[0].detail;
 }
 
 // The definition goes (the shard store deletes every widget): the CCR must say Initializing and
