@@ -333,6 +333,11 @@ void FaultProxy::Relay(Conn* conn) {
           orphaned = true;
           close(server);
           server = -1;
+          // What the client sent during the partition was lost in it (gRPC sends on its own:
+          // window updates, pings): only what it sends after the heal reaches the forgetful
+          // peer and is reset.
+          while (recv(client, buf, sizeof(buf), MSG_DONTWAIT) > 0) {
+          }
           absl::MutexLock l(&mu_);
           conn->to_server.clear();
         } else if (!pending.empty()) {
