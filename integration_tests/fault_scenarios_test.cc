@@ -30,7 +30,6 @@
 namespace shardcache::testing {
 namespace {
 
-constexpr char kLeading[] = "shardcache_leader_election_leading";
 constexpr char kWrites[] = "shardcache_replicator_writes_total";
 constexpr char kWriteErrors[] = "shardcache_replicator_write_errors_total";
 // Slack for a loaded machine on top of the leader-election timings.
