@@ -264,11 +264,34 @@ TEST_F(LeadershipTest, StandbyTakesOverFromAKilledOrStoppedLeader) {
       Eventually([&] { return absl::StartsWith(HttpGet(standby->http_port(), "/readyz"), "200"); },
                  kConverge, "the new standby is ready"));
   EXPECT_EQ(Leading(standby), 0);
+  // The lease's changes from now on: SIGTERM must hand it over by releasing it, not by letting
+  // it expire.
+  std::optional<v1::Object> lease = GetLease();
+  ASSERT_TRUE(lease.has_value());
+  v1::WatchRequest lease_req = WatchReq(LeaseGvr(), lease->metadata().resource_version());
+  lease_req.set_cluster(kLeaseCluster);
+  lease_req.set_namespace_(kLeaseNamespace);
+  WatchReader lease_watch(shard(), lease_req);
   leader->Signal(SIGTERM);
   absl::Time terminated = absl::Now();
-  ASSERT_TRUE(WaitForLeading(standby, 1, kRetryPeriod * 2.2 + kSlack));
+  ASSERT_TRUE(WaitForLeading(standby, 1, kLeaseDuration + kRetryPeriod * 2.2 + kSlack));
   std::cerr << "after SIGTERM of the leader, the standby led within " << absl::Now() - terminated
             << "\n";
+  // The old leader's renewals, then its release (no holder), then the standby's term; a lease
+  // that expired would have gone from the old holder straight to the standby.
+  bool released = false;
+  bool acquired_after_release = false;
+  while (std::optional<v1::WatchEvent> e = lease_watch.NextObjectEvent()) {
+    auto it = e->object().spec().fields().find("holderIdentity");
+    std::string holder = it == e->object().spec().fields().end() ? "" : it->second.string_value();
+    if (holder.empty()) released = true;
+    if (holder == "replica-2") {
+      acquired_after_release = released;
+      break;
+    }
+  }
+  EXPECT_TRUE(acquired_after_release)
+      << "the standby's term did not follow a release of the lease by the stopped leader";
   int status = leader->Wait(absl::Seconds(15));
   EXPECT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
       << DescribeWaitStatus(status);
