@@ -20,6 +20,9 @@
 //   --seed=N          SHARDCACHE_SOAK_SEED       the schedule's seed (default: from the clock)
 //   --duration=D      SHARDCACHE_SOAK_DURATION   how long faults run (default 2m)
 //   --converge=D      SHARDCACHE_SOAK_CONVERGE   the bound on convergence after heal (default 60s)
+//   --round=D         SHARDCACHE_SOAK_ROUND      a long soak runs in rounds of this length (default
+//                                                5m), each ending with a heal and a check; round k
+//                                                runs the schedule of seed + k
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -32,6 +35,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -57,6 +61,7 @@ struct SoakOptions {
   uint64_t seed = 0;
   absl::Duration duration = absl::Minutes(2);
   absl::Duration converge = absl::Seconds(60);
+  absl::Duration round = absl::Minutes(5);
 };
 SoakOptions g_options;
 
@@ -295,6 +300,24 @@ std::vector<Step> MakeSchedule(uint64_t seed, absl::Duration duration) {
   std::stable_sort(steps.begin(), steps.end(),
                    [](const Step& a, const Step& b) { return a.at < b.at; });
   return steps;
+}
+
+// The lengths of the rounds of a soak: `duration` cut into rounds of `round` (the last one
+// shorter), at least one.
+std::vector<absl::Duration> Rounds(absl::Duration duration, absl::Duration round) {
+  std::vector<absl::Duration> out;
+  for (absl::Duration left = duration; left > absl::ZeroDuration(); left -= round) {
+    out.push_back(std::min(left, round));
+  }
+  if (out.empty()) out.push_back(duration);
+  return out;
+}
+
+std::string Replay(uint64_t seed, absl::Duration duration, absl::Duration round) {
+  std::string out = absl::StrCat("integration_tests/chaos_soak_test --seed=", seed,
+                                 " --duration=", absl::FormatDuration(duration));
+  if (duration > round) absl::StrAppend(&out, " --round=", absl::FormatDuration(round));
+  return out;
 }
 
 // --- Running it ---
@@ -666,6 +689,66 @@ class ChaosSoak : public ::testing::Test {
     }
   }
 
+  // One round: the schedule of `seed` over `length`, then the heal, then the checker until it
+  // finds nothing. `converged` gets the time from the start of the heal, or stays empty (the
+  // failure, with the schedule as it ran, is reported).
+  void RunRound(size_t k, uint64_t seed, absl::Duration length, absl::Duration bound,
+                std::optional<absl::Duration>* converged) {
+    const std::string replay = Replay(seed, length, length);
+    const std::vector<Step> schedule = MakeSchedule(seed, length);
+    std::cerr << "chaos soak: round " << k << ": seed " << seed << ", " << schedule.size()
+              << " steps (replay alone: " << replay << ")\n";
+    const size_t findings_before = findings_.size();
+    const absl::Time start = absl::Now();
+    std::vector<std::string> log;
+    for (const Step& step : schedule) {
+      absl::Duration wait = step.at - (absl::Now() - start);
+      if (wait > absl::ZeroDuration()) absl::SleepFor(wait);
+      std::string outcome = RunStep(step);
+      log.push_back(absl::StrCat(
+          step.ToString(), " -> ", outcome, " (at +",
+          absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))), ")"));
+    }
+    std::map<std::string, std::map<std::string, int>> outcomes;  // action -> outcome -> count
+    for (size_t i = 0; i < schedule.size(); ++i) {
+      ++outcomes[ActionName(schedule[i].action)][log[i].substr(
+          log[i].find(" -> ") + 4, log[i].find(" (at") - log[i].find(" -> ") - 4)];
+    }
+    std::vector<std::string> summary;
+    for (const auto& [action, by_outcome] : outcomes) {
+      std::vector<std::string> parts;
+      for (const auto& [outcome, n] : by_outcome) parts.push_back(absl::StrCat(outcome, " ", n));
+      summary.push_back(absl::StrCat(action, " (", absl::StrJoin(parts, ", "), ")"));
+    }
+    std::cerr << "chaos soak: round " << k << ": schedule ran in " << absl::Now() - start << ": "
+              << absl::StrJoin(summary, "; ") << "; healing\n";
+    // Convergence is timed from the moment the faults end: the heal itself (restarting
+    // processes, recreating definitions and CCRs) takes seconds, during which the replicas
+    // already converge.
+    const absl::Time heal_start = absl::Now();
+    HealEverything();
+    const absl::Duration healing = absl::Now() - heal_start;
+    std::string last;
+    std::optional<absl::Duration> checked = Converge(bound, &last);
+    if (checked.has_value()) {
+      *converged = healing + *checked;
+      std::cerr << "chaos soak: round " << k << ": seed " << seed << " converged " << **converged
+                << " after the heal began (healing took " << healing << ", then " << *checked
+                << " until the checker found nothing)\n";
+      std::cout << "[soak] round=" << k << " seed=" << seed
+                << " converged_after_heal_ms=" << absl::ToInt64Milliseconds(**converged)
+                << " healing_ms=" << absl::ToInt64Milliseconds(healing) << "\n";
+    }
+    EXPECT_TRUE(checked.has_value())
+        << "round " << k << ", seed " << seed << ": not converged within " << bound
+        << " after heal.\nreplay: " << replay << "\nschedule as run:\n  "
+        << absl::StrJoin(log, "\n  ") << "\nlast check: " << last;
+    const std::vector<std::string> found(findings_.begin() + findings_before, findings_.end());
+    EXPECT_TRUE(found.empty()) << "round " << k << ", seed " << seed << ": "
+                               << absl::StrJoin(found, "\n") << "\nreplay: " << replay
+                               << "\nschedule as run:\n  " << absl::StrJoin(log, "\n  ");
+  }
+
   std::map<std::string, Proc> stores_;  // "a", "b", "cache"
   std::map<std::string, std::unique_ptr<v1::Store::Stub>> stubs_;
   std::map<std::string, std::unique_ptr<FaultProxy>> proxies_;  // "a-0/store", "a-0/cache"
@@ -675,14 +758,10 @@ class ChaosSoak : public ::testing::Test {
 
 TEST_F(ChaosSoak, ConvergesAfterEveryFaultIsHealed) {
   const SoakOptions o = g_options;
-  const std::string replay = absl::StrCat("integration_tests/chaos_soak_test --seed=", o.seed,
-                                          " --duration=", absl::FormatDuration(o.duration));
-  std::cerr << "chaos soak: seed " << o.seed << ", faults for " << o.duration
-            << ", convergence bound " << o.converge << "\n  replay: " << replay << "\n";
-  const std::vector<Step> schedule = MakeSchedule(o.seed, o.duration);
-  std::vector<std::string> lines;
-  for (const Step& s : schedule) lines.push_back(s.ToString());
-  std::cerr << "chaos soak: " << schedule.size() << " steps\n";
+  const std::vector<absl::Duration> rounds = Rounds(o.duration, o.round);
+  std::cerr << "chaos soak: seed " << o.seed << ", faults for " << o.duration << " in "
+            << rounds.size() << " round(s), convergence bound " << o.converge
+            << "\n  replay: " << Replay(o.seed, o.duration, o.round) << "\n";
 
   ASSERT_NO_FATAL_FAILURE(StartStores());
   for (const std::string& shard : kShards) {
@@ -702,50 +781,28 @@ TEST_F(ChaosSoak, ConvergesAfterEveryFaultIsHealed) {
       << "seed " << o.seed << ": the initial state did not converge: " << last;
   std::cerr << "chaos soak: initial state converged in " << *initial << "\n";
 
-  absl::Time start = absl::Now();
-  std::vector<std::string> log;
-  for (const Step& step : schedule) {
-    absl::Duration wait = step.at - (absl::Now() - start);
-    if (wait > absl::ZeroDuration()) absl::SleepFor(wait);
-    std::string outcome = RunStep(step);
-    log.push_back(absl::StrCat(
-        step.ToString(), " -> ", outcome, " (at +",
-        absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))), ")"));
+  std::vector<absl::Duration> times;
+  for (size_t k = 0; k < rounds.size(); ++k) {
+    // Round k runs the schedule of seed + k: a round that fails replays alone (from a fresh
+    // start rather than from the state the rounds before it left) with that seed and length.
+    const uint64_t seed = o.seed + k;
+    std::optional<absl::Duration> converged;
+    ASSERT_NO_FATAL_FAILURE(RunRound(k, seed, rounds[k], o.converge, &converged));
+    if (!converged.has_value()) break;
+    times.push_back(*converged);
   }
-  std::map<std::string, std::map<std::string, int>> outcomes;  // action -> outcome -> count
-  for (size_t i = 0; i < schedule.size(); ++i) {
-    ++outcomes[ActionName(schedule[i].action)][log[i].substr(
-        log[i].find(" -> ") + 4, log[i].find(" (at") - log[i].find(" -> ") - 4)];
+  if (times.size() == rounds.size() && !times.empty()) {
+    std::vector<absl::Duration> sorted = times;
+    std::sort(sorted.begin(), sorted.end());
+    const size_t n = sorted.size();
+    const absl::Duration median =
+        n % 2 == 1 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
+    std::cerr << "chaos soak: seed " << o.seed << ": " << times.size()
+              << " round(s) converged; median " << median << ", worst " << sorted.back() << "\n";
+    std::cout << "[soak] seed=" << o.seed << " rounds=" << times.size()
+              << " median_ms=" << absl::ToInt64Milliseconds(median)
+              << " worst_ms=" << absl::ToInt64Milliseconds(sorted.back()) << "\n";
   }
-  std::vector<std::string> summary;
-  for (const auto& [action, by_outcome] : outcomes) {
-    std::vector<std::string> parts;
-    for (const auto& [outcome, n] : by_outcome) parts.push_back(absl::StrCat(outcome, " ", n));
-    summary.push_back(absl::StrCat(action, " (", absl::StrJoin(parts, ", "), ")"));
-  }
-  std::cerr << "chaos soak: schedule ran in " << absl::Now() - start << ": "
-            << absl::StrJoin(summary, "; ") << "; healing\n";
-  // Convergence is timed from the moment the faults end: the heal itself (restarting processes,
-  // recreating definitions and CCRs) takes seconds, during which the replicas already converge.
-  const absl::Time heal_start = absl::Now();
-  HealEverything();
-  const absl::Duration healing = absl::Now() - heal_start;
-  std::optional<absl::Duration> converged = Converge(o.converge, &last);
-  if (converged.has_value()) {
-    std::cerr << "chaos soak: seed " << o.seed << " converged " << healing + *converged
-              << " after the heal began (healing took " << healing << ", then " << *converged
-              << " until the checker found nothing)\n";
-    std::cout << "[soak] seed=" << o.seed
-              << " converged_after_heal_ms=" << absl::ToInt64Milliseconds(healing + *converged)
-              << " healing_ms=" << absl::ToInt64Milliseconds(healing) << "\n";
-  }
-  EXPECT_TRUE(converged.has_value())
-      << "seed " << o.seed << ": not converged within " << o.converge << " after heal.\n"
-      << "replay: " << replay << "\nschedule as run:\n  " << absl::StrJoin(log, "\n  ")
-      << "\nlast check: " << last;
-  EXPECT_TRUE(findings_.empty()) << "seed " << o.seed << ": " << absl::StrJoin(findings_, "\n")
-                                 << "\nreplay: " << replay << "\nschedule as run:\n  "
-                                 << absl::StrJoin(log, "\n  ");
 }
 
 // A seed replays: the same seed makes the same schedule, another seed another one, and every
@@ -764,6 +821,15 @@ TEST(ChaosSoakSchedule, IsAFunctionOfTheSeed) {
   EXPECT_EQ(kinds.size(), static_cast<size_t>(Action::kStealLease) + 1) << text(a);
 }
 
+// A long soak is cut into rounds; a short one is one round.
+TEST(ChaosSoakSchedule, RoundsCoverTheDuration) {
+  EXPECT_EQ(Rounds(absl::Minutes(2), absl::Minutes(5)),
+            std::vector<absl::Duration>{absl::Minutes(2)});
+  EXPECT_EQ(Rounds(absl::Hours(1), absl::Minutes(5)).size(), 12u);
+  EXPECT_EQ(Rounds(absl::Minutes(11), absl::Minutes(5)),
+            (std::vector<absl::Duration>{absl::Minutes(5), absl::Minutes(5), absl::Minutes(1)}));
+}
+
 bool ParseFlag(const std::string& arg, const std::string& name, std::string* value) {
   std::string prefix = "--" + name + "=";
   if (arg.rfind(prefix, 0) != 0) return false;
@@ -777,16 +843,19 @@ bool ParseFlag(const std::string& arg, const std::string& name, std::string* val
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   using shardcache::testing::g_options;
-  std::string seed, duration, converge;
+  std::string seed, duration, converge, round;
   if (const char* e = std::getenv("SHARDCACHE_SOAK_SEED")) seed = e;
+  if (const char* e = std::getenv("SHARDCACHE_SOAK_ROUND")) round = e;
   if (const char* e = std::getenv("SHARDCACHE_SOAK_DURATION")) duration = e;
   if (const char* e = std::getenv("SHARDCACHE_SOAK_CONVERGE")) converge = e;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (!shardcache::testing::ParseFlag(arg, "seed", &seed) &&
         !shardcache::testing::ParseFlag(arg, "duration", &duration) &&
-        !shardcache::testing::ParseFlag(arg, "converge", &converge)) {
-      std::cerr << "unknown flag " << arg << " (want --seed=N, --duration=D, --converge=D)\n";
+        !shardcache::testing::ParseFlag(arg, "converge", &converge) &&
+        !shardcache::testing::ParseFlag(arg, "round", &round)) {
+      std::cerr << "unknown flag " << arg
+                << " (want --seed=N, --duration=D, --converge=D, --round=D)\n";
       return 2;
     }
   }
@@ -802,6 +871,11 @@ int main(int argc, char** argv) {
   }
   if (!converge.empty() && !absl::ParseDuration(converge, &g_options.converge)) {
     std::cerr << "bad convergence bound " << converge << "\n";
+    return 2;
+  }
+  if (!round.empty() &&
+      (!absl::ParseDuration(round, &g_options.round) || g_options.round <= absl::ZeroDuration())) {
+    std::cerr << "bad round length " << round << "\n";
     return 2;
   }
   return RUN_ALL_TESTS();

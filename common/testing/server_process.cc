@@ -21,7 +21,8 @@
 namespace shardcache::testing {
 
 std::string BinaryPath(const std::string& relative) {
-  return absl::StrCat(SHARDCACHE_BINARY_DIR, "/", relative);
+  const char* dir = std::getenv("SHARDCACHE_BINARY_DIR");
+  return absl::StrCat(dir != nullptr && *dir != '\0' ? dir : SHARDCACHE_BINARY_DIR, "/", relative);
 }
 
 std::string MakeTempDir(const std::string& prefix) {

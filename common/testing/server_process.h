@@ -26,7 +26,9 @@
 
 namespace shardcache::testing {
 
-// The path of a binary built by this project, e.g. BinaryPath("cache_server/cache_server").
+// The path of a binary built by this project, e.g. BinaryPath("cache_server/cache_server"): under
+// the build tree, or under $SHARDCACHE_BINARY_DIR when it is set (to run the tests against
+// binaries copied elsewhere, e.g. a long soak that must not see a rebuild).
 std::string BinaryPath(const std::string& relative);
 
 // A fresh empty directory under the test temporary directory.
