@@ -177,7 +177,7 @@ void LeaderElector::Stop() {
     term = term_;
     leading = leading_;
   }
-  if (leading) EndTerm(term, "the elector is stopping");
+  if (leading) EndTerm(term, "the elector is stopping", /*clean=*/true);
   if (config_.release_on_cancel) Release();
   absl::MutexLock l(&mu_);
   stopped_ = true;
@@ -360,7 +360,7 @@ void LeaderElector::BeginTerm(int64_t epoch, absl::Time renewed) {
   if (leading_gauge_ != nullptr) leading_gauge_->Set(1);
 }
 
-bool LeaderElector::EndTerm(uint64_t term, absl::string_view why) {
+bool LeaderElector::EndTerm(uint64_t term, absl::string_view why, bool clean) {
   std::unique_ptr<CancellationSource> cancellation;
   int64_t epoch;
   {
@@ -372,8 +372,11 @@ bool LeaderElector::EndTerm(uint64_t term, absl::string_view why) {
     cancellation = std::move(cancellation_);
     ++stops_pending_;
   }
-  spdlog::warn("{}: {} stopped leading (epoch {}): {}", config_.lock->Describe(), identity_, epoch,
-               std::string(why));
+  // A term that its replica ends on purpose (shutdown, handover) is news; one that is lost is a
+  // warning.
+  spdlog::log(clean ? spdlog::level::info : spdlog::level::warn,
+              "{}: {} stopped leading (epoch {}): {}", config_.lock->Describe(), identity_, epoch,
+              std::string(why));
   cancellation->Cancel();
   {
     absl::MutexLock cl(&callback_mu_);

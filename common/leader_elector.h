@@ -211,8 +211,10 @@ class LeaderElector {
 
   // Starts a term with this epoch whose last successful renewal started at `renewed`.
   void BeginTerm(int64_t epoch, absl::Time renewed) ABSL_LOCKS_EXCLUDED(mu_, callback_mu_);
-  // Ends term number `term` (see term_) if it is still current: returns false otherwise.
-  bool EndTerm(uint64_t term, absl::string_view why) ABSL_LOCKS_EXCLUDED(mu_, callback_mu_);
+  // Ends term number `term` (see term_) if it is still current: returns false otherwise. `clean`:
+  // the replica ends it on purpose (logged at info; a lost term is a warning).
+  bool EndTerm(uint64_t term, absl::string_view why, bool clean = false)
+      ABSL_LOCKS_EXCLUDED(mu_, callback_mu_);
   // Ends the current term if its renew deadline has passed, or if it was asked to resign.
   void CheckRenewDeadline() ABSL_LOCKS_EXCLUDED(mu_, callback_mu_);
   // Writes the lease as free, if the last record seen names this identity.

@@ -130,7 +130,7 @@ v1::GroupVersionResource LeaseLock::Resource() {
 }
 
 std::string LeaseLock::Describe() const {
-  return absl::StrCat("leases ", options_.cluster, "/", options_.ns, "/", options_.name);
+  return absl::StrCat(options_.cluster, "/", options_.ns, "/", options_.name);
 }
 
 void LeaseLock::Remember(const v1::Object& object) {

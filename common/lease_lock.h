@@ -93,7 +93,8 @@ class ResourceLock {
   // Create or Update; returns the new resourceVersion. ABORTED when it has changed;
   // FAILED_PRECONDITION when nothing was read or written before.
   virtual absl::StatusOr<std::string> Update(const LeaderElectionRecord& record) = 0;
-  // The lock's name for logs and metrics, e.g. "leases root/kube-system/shard-a".
+  // The lock's name for logs and metrics, as client-go's: e.g. "root/kube-system/shard-a" (no
+  // spaces: it is a Prometheus label value).
   virtual std::string Describe() const = 0;
   // The identity this lock writes as holder.
   virtual std::string Identity() const = 0;

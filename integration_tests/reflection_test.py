@@ -741,7 +741,7 @@ def _ok(t, rc, out, err):
 
 def _leading(t, rc, out, err):
     t.assertEqual(rc, 0)
-    t.assertRegex(out.strip(), r'^shardcache_leader_election_leading\{lease="[^"]+"\} 1$')
+    t.assertRegex(out.strip(), r'^shardcache_leader_election_leading\{lease="[^" ]+"\} 1$')
 
 
 def _created_named(name):

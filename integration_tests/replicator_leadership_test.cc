@@ -32,7 +32,9 @@
 namespace shardcache::testing {
 namespace {
 
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 constexpr char kEpoch[] = "shardcache_replicator_epoch";
@@ -295,6 +297,12 @@ TEST_F(LeadershipTest, StandbyTakesOverFromAKilledOrStoppedLeader) {
   int status = leader->Wait(absl::Seconds(15));
   EXPECT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
       << DescribeWaitStatus(status);
+  // A term given up on purpose is logged as news, not as a warning; a lease without spaces in
+  // its name is a usable Prometheus label.
+  EXPECT_THAT(leader->Log(),
+              ContainsRegex(" info shard_replicator: root/[^ ]+: [^ ]+ stopped leading "
+                            "\\(epoch [0-9]+\\): the elector is stopping"));
+  EXPECT_THAT(leader->Log(), Not(HasSubstr("warning shard_replicator: root/")));
   ChangeLocally("after-term");
   ASSERT_TRUE(DeleteIn(shard(), WidgetsGvr(), "", kCluster, kNamespace, "w2").ok());
   ExpectConverged(3);
