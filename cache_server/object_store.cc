@@ -364,7 +364,9 @@ void ObjectStore::RunCommitter() {
       if (item.event != nullptr) batch.events.push_back(item.event);
     }
     if (options_.storage != nullptr) {
+      const absl::Time commit_start = absl::Now();
       absl::Status written = options_.storage->Commit(batch);
+      metrics_->commit_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - commit_start));
       if (!written.ok()) {
         // Memory is ahead of the disk and cannot be taken back: stop, and recover on restart.
         spdlog::critical("cannot make writes durable, stopping: {}", written.ToString());

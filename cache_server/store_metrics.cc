@@ -30,6 +30,15 @@ StoreMetrics::StoreMetrics(std::shared_ptr<prometheus::Registry> registry)
       watchers_too_slow(MakeCounter(*registry, "shardcache_store_watchers_too_slow_total",
                                     "Watchers ended because they could not keep up.")),
       writes(MakeCounter(*registry, "shardcache_store_writes_total", "Committed writes.")),
+      commit_seconds(
+          prometheus::BuildHistogram()
+              .Name("shardcache_store_commit_duration_seconds")
+              .Help("Duration of each durable commit: a batch of writes written to "
+                    "disk and synced (with --sync).")
+              .Register(*registry)
+              .Add({}, prometheus::Histogram::BucketBoundaries{0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                                               0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
+                                                               5})),
       registry_(std::move(registry)),
       requests_(prometheus::BuildCounter()
                     .Name("shardcache_grpc_requests_total")

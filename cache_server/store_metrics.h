@@ -32,6 +32,8 @@ class StoreMetrics {
   prometheus::Counter& events_dispatched;  // events handed to watchers
   prometheus::Counter& watchers_too_slow;  // watchers ended because they fell behind
   prometheus::Counter& writes;             // committed writes
+  // How long each durable commit took: one batch of writes written and synced to disk.
+  prometheus::Histogram& commit_seconds;
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
