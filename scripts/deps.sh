@@ -9,7 +9,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libspdlog-dev prometheus-cpp-dev libcpp-httplib-dev librocksdb-dev
   libgtest-dev libgmock-dev grpc-proto
-  python3 python3-grpcio python3-protobuf procps
+  python3 python3-grpcio python3-protobuf procps prometheus
   clang libclang-rt-14-dev llvm
 )
 
