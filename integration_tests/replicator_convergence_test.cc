@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -25,7 +26,9 @@
 namespace shardcache::testing {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::StartsWith;
 
 // How long the backlog may take to reach the cache after its return. The replicator's own bound
 // is 2 s (it reconnects at least every second); the rest is room for a busy machine.
@@ -151,6 +154,10 @@ TEST_F(ConvergenceTest, BacklogFlowsWithinSecondsOfTheCachesReturnAfterALongOuta
   }
   EXPECT_THAT(replica_->Log(), HasSubstr("replication to the cache stops"));
   EXPECT_GT(WriteErrors("UNAVAILABLE"), 0);
+  // Readiness tells a leader that cannot write from one that replicates.
+  EXPECT_THAT(HttpGet(replica_->http_port(), "/readyz"),
+              AllOf(StartsWith("503"), HasSubstr("leading (epoch "),
+                    HasSubstr("but unable to write to the cache since")));
 
   ASSERT_NO_FATAL_FAILURE(RestartStore(&cache_));
   absl::Time back = absl::Now();
@@ -164,6 +171,9 @@ TEST_F(ConvergenceTest, BacklogFlowsWithinSecondsOfTheCachesReturnAfterALongOuta
   EXPECT_TRUE(Eventually(
       [&] { return replica_->Log().find("replication to the cache resumes") != std::string::npos; },
       absl::Seconds(5), "the replicator logs that replication resumes"));
+  EXPECT_TRUE(
+      Eventually([&] { return absl::StartsWith(HttpGet(replica_->http_port(), "/readyz"), "200"); },
+                 absl::Seconds(5), "the replicator is ready again"));
   EXPECT_TRUE(WaitForSynced(3 + n + 1));
 }
 

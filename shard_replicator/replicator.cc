@@ -17,6 +17,9 @@ struct ShardReplicator::Term {
 
   absl::Mutex mu;
   bool ending ABSL_GUARDED_BY(mu) = false;
+  // Why the last attempt to claim the epoch at the cache failed; OK before one failed and once
+  // one succeeded.
+  absl::Status claim_error ABSL_GUARDED_BY(mu);
   std::unique_ptr<CacheWriter> writer ABSL_GUARDED_BY(mu);
   std::unique_ptr<CcrController> controller ABSL_GUARDED_BY(mu);
 
@@ -167,6 +170,21 @@ absl::Status ShardReplicator::Ready() const {
         "the cache's copies of this shard's clustercachedresources "
         "have not synced");
   }
+  absl::MutexLock l(&term_mu_);
+  if (term_ == nullptr) return absl::OkStatus();  // a standby, ready to take over
+  absl::MutexLock tl(&term_->mu);
+  if (term_->writer == nullptr) {
+    if (term_->claim_error.ok()) return absl::OkStatus();  // the term is starting
+    return absl::UnavailableError(absl::StrCat(
+        "leading (epoch ", term_->epoch,
+        ") but the epoch cannot be claimed at the cache: ", term_->claim_error.ToString()));
+  }
+  if (!term_->writer->Available()) {
+    return absl::UnavailableError(
+        absl::StrCat("leading (epoch ", term_->epoch, ") but unable to write to the cache since ",
+                     absl::FormatTime(term_->writer->UnavailableSince(), absl::UTCTimeZone()),
+                     "; writes wait and resume when it can"));
+  }
   return absl::OkStatus();
 }
 
@@ -188,6 +206,10 @@ void ShardReplicator::RunTerm(Term* term) {
   while (true) {
     if (term->cancellation.Cancelled()) return;
     absl::StatusOr<v1::ClaimEpochResponse> claimed = cache_client_->ClaimEpoch(claim);
+    {
+      absl::MutexLock l(&term->mu);
+      term->claim_error = claimed.status();
+    }
     if (claimed.ok()) break;
     if (absl::IsFailedPrecondition(claimed.status())) {
       spdlog::error("the cache refused epoch {} for shard {}: {}; stopping leading", term->epoch,

@@ -71,7 +71,11 @@ class ShardReplicator {
   // and stops the informers. Idempotent.
   void Stop();
 
-  // OK once the informers the replicator starts with have synced; else why not.
+  // OK once the informers the replicator starts with have synced and, while it leads, while it
+  // can write to the cache; else UNAVAILABLE saying why not: informers not synced yet, or
+  // "leading (epoch N) but unable to write to the cache since T" (writes wait and resume when
+  // it can), or the term's epoch cannot be claimed at the cache. A standby that has synced is
+  // ready: it can take over.
   absl::Status Ready() const;
 
  private:
@@ -102,7 +106,7 @@ class ShardReplicator {
   Subscription warm_subscription_;
   std::unique_ptr<LeaderElector> elector_;  // last: stopped first
 
-  absl::Mutex term_mu_;
+  mutable absl::Mutex term_mu_;  // before a Term's mu
   std::unique_ptr<Term> term_ ABSL_GUARDED_BY(term_mu_);
   bool stopped_ = false;  // main thread only
 };
