@@ -30,7 +30,9 @@ RUN apt-get update \
 COPY --from=build /out/ /usr/local/bin/
 # Fails the build if a binary needs a library that the list above lacks.
 RUN ! ldd /usr/local/bin/* | grep 'not found'
-RUN useradd --system --home-dir /var/lib/shardcache shardcache \
+# A fixed uid, so that a bind-mounted data directory can be given to it (README.md, "Running as
+# another user").
+RUN useradd --system --uid 999 --home-dir /var/lib/shardcache shardcache \
  && mkdir -p /var/lib/shardcache && chown shardcache:shardcache /var/lib/shardcache
 USER shardcache
 WORKDIR /var/lib/shardcache

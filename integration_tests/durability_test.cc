@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -130,6 +131,10 @@ class DurabilityTest : public StoreFixture {
   // Ends the server with `sig` (SIGTERM: a clean stop, which must exit 0; SIGKILL: a crash) and
   // starts it again on the same data directory, with a new channel.
   void Restart(int sig) {
+    ASSERT_NO_FATAL_FAILURE(StopServer(sig));
+    ASSERT_NO_FATAL_FAILURE(StartAgain());
+  }
+  void StopServer(int sig) {
     stub_.reset();
     channel_.reset();
     if (sig == SIGTERM) {
@@ -142,6 +147,9 @@ class DurabilityTest : public StoreFixture {
       ASSERT_TRUE(status != -1 && WIFSIGNALED(status) && WTERMSIG(status) == sig)
           << "signal " << sig << ": " << DescribeWaitStatus(status);
     }
+  }
+  // Starts the stopped server again, with its arguments and data directory, and a new channel.
+  void StartAgain() {
     absl::Status started = server_->Start();
     ASSERT_TRUE(started.ok()) << "restart: " << started;
     channel_ = grpc::CreateChannel(server_->grpc_address(), grpc::InsecureChannelCredentials());
@@ -432,6 +440,45 @@ TEST_F(DurabilityTest, Definitions_PersistInShardRole) {
   ASSERT_TRUE(Ok(Delete(DefinitionGvr(), "", "", "widgets.example.com", &deleted)));
   s = Get(widgets_, "c1", "ns1", "w0");
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+}
+
+// README.md, "Backup and restore": the data directory of a store stopped with SIGTERM, archived
+// with tar and unpacked into an empty directory, serves the same objects at the same revision,
+// as the same store (its store id), with its definitions.
+TEST_F(DurabilityTest, Backup_ArchiveOfAStoppedStore_RestoresTheSameStore) {
+  StartServer({"--role=shard"});
+  Define("example.com", "widgets", "Namespaced");
+  for (int i = 0; i < 5; ++i) MustCreate(Obj(absl::StrCat("w", i), i));
+  MustDelete("w4");
+  v1::ListRequest req;
+  *req.mutable_resource() = widgets_;
+  v1::ListResponse before;
+  ASSERT_TRUE(Ok(List(req, &before)));
+  ASSERT_EQ(before.items_size(), 4);
+
+  ASSERT_NO_FATAL_FAILURE(StopServer(SIGTERM));
+  const std::string dir = server_->data_dir();
+  const std::string archive = dir + "-backup.tar.gz";
+  ASSERT_EQ(std::system(absl::StrCat("tar -C '", dir, "' -czf '", archive, "' .").c_str()), 0);
+  // The directory is lost; the backup is unpacked into a new, empty one.
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  ASSERT_EQ(std::system(absl::StrCat("tar -C '", dir, "' -xzf '", archive, "'").c_str()), 0);
+  std::filesystem::remove(archive);
+  ASSERT_NO_FATAL_FAILURE(StartAgain());
+
+  v1::ListResponse after;
+  ASSERT_TRUE(Ok(List(req, &after)));
+  EXPECT_EQ(after.store_id(), before.store_id());
+  EXPECT_EQ(after.resource_version(), before.resource_version());
+  ASSERT_EQ(after.items_size(), before.items_size());
+  for (int i = 0; i < before.items_size(); ++i) {
+    EXPECT_EQ(after.items(i).SerializeAsString(), before.items(i).SerializeAsString())
+        << before.items(i).metadata().name();
+  }
+  int64_t rv = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(before.resource_version(), &rv));
+  EXPECT_EQ(MustCreate(Obj("w5")), rv + 1) << "the resource is served, and revisions go on";
 }
 
 TEST_F(DurabilityTest, FencingEpochs_PersistAcrossRestart) {
