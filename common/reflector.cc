@@ -313,6 +313,7 @@ absl::Status Reflector::ListAll() {
   if (previous_store_id != store_id) {
     spdlog::info("reflector {}: listed store {} (previously {})", name_, store_id,
                  previous_store_id.empty() ? "none" : previous_store_id);
+    sink_->StoreChanged(store_id);
   }
   spdlog::debug("reflector {}: listed {} objects at revision {}", name_, count, revision);
   return absl::OkStatus();

@@ -76,6 +76,10 @@ class ReflectorSink {
   virtual void Delete(ObjectRef object) = 0;
   // Every change up to `resource_version` has been delivered.
   virtual void Bookmark(const std::string& resource_version) = 0;
+  // Called right after a Replace whose list came from another store than the previous list
+  // (the first list included): `store_id` is the new store's identity. What a sink learnt from
+  // the previous store (e.g. that a write of its own was applied there) no longer holds.
+  virtual void StoreChanged(const std::string& store_id) { (void)store_id; }
   // The reflector has stopped for good, for `reason` (the terminal error, or CANCELLED after
   // Stop()). Called exactly once, last.
   virtual void Stopped(const absl::Status& reason) = 0;

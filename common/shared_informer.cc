@@ -89,19 +89,22 @@ void Subscription::Cancel() {
 
 // An OnStopped callback: called at most once; Cancel() waits for a call in progress on another
 // thread.
-class SharedInformer::StopCallback {
+// A subscriber's callback: Cancel() turns it off, waiting for a call in progress on another
+// thread. A `once` callback (OnStopped) turns itself off when called.
+template <typename Arg>
+class SharedInformer::Callback {
  public:
-  explicit StopCallback(std::function<void(const absl::Status&)> fn) : fn_(std::move(fn)) {}
+  Callback(std::function<void(const Arg&)> fn, bool once) : fn_(std::move(fn)), once_(once) {}
 
-  void Call(const absl::Status& reason) {
+  void Call(const Arg& arg) {
     {
       absl::MutexLock l(&mu_);
       if (cancelled_) return;
-      cancelled_ = true;  // at most once
+      if (once_) cancelled_ = true;
       running_ = true;
       runner_ = std::this_thread::get_id();
     }
-    fn_(reason);
+    fn_(arg);
     absl::MutexLock l(&mu_);
     running_ = false;
   }
@@ -116,7 +119,8 @@ class SharedInformer::StopCallback {
   }
 
  private:
-  const std::function<void(const absl::Status&)> fn_;
+  const std::function<void(const Arg&)> fn_;
+  const bool once_;
   absl::Mutex mu_;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool running_ ABSL_GUARDED_BY(mu_) = false;
@@ -296,7 +300,7 @@ std::string SharedInformer::LastSyncResourceVersion() const {
 }
 
 Subscription SharedInformer::OnStopped(std::function<void(const absl::Status&)> callback) {
-  auto cb = std::make_shared<StopCallback>(std::move(callback));
+  auto cb = std::make_shared<StopCallback>(std::move(callback), /*once=*/true);
   absl::Status reason;
   {
     absl::MutexLock l(&mu_);
@@ -305,7 +309,7 @@ Subscription SharedInformer::OnStopped(std::function<void(const absl::Status&)> 
       return Subscription([weak = weak_from_this(), cb]() {
         cb->Cancel();
         if (std::shared_ptr<SharedInformer> informer = weak.lock()) {
-          informer->RemoveStopCallback(cb.get());
+          informer->RemoveCallback(cb.get());
         }
       });
     }
@@ -315,12 +319,30 @@ Subscription SharedInformer::OnStopped(std::function<void(const absl::Status&)> 
   return Subscription([cb]() { cb->Cancel(); });
 }
 
-void SharedInformer::RemoveStopCallback(const void* callback) {
+void SharedInformer::RemoveCallback(const void* callback) {
   absl::MutexLock l(&mu_);
-  stop_callbacks_.erase(std::remove_if(stop_callbacks_.begin(), stop_callbacks_.end(),
-                                       [callback](const auto& cb) { return cb.get() == callback; }),
+  auto same = [callback](const auto& cb) { return cb.get() == callback; };
+  stop_callbacks_.erase(std::remove_if(stop_callbacks_.begin(), stop_callbacks_.end(), same),
                         stop_callbacks_.end());
+  store_callbacks_.erase(std::remove_if(store_callbacks_.begin(), store_callbacks_.end(), same),
+                         store_callbacks_.end());
 }
+
+Subscription SharedInformer::OnStoreChanged(std::function<void(const std::string&)> callback) {
+  auto cb = std::make_shared<StoreCallback>(std::move(callback), /*once=*/false);
+  {
+    absl::MutexLock l(&mu_);
+    store_callbacks_.push_back(cb);
+  }
+  return Subscription([weak = weak_from_this(), cb]() {
+    cb->Cancel();
+    if (std::shared_ptr<SharedInformer> informer = weak.lock()) {
+      informer->RemoveCallback(cb.get());
+    }
+  });
+}
+
+std::string SharedInformer::StoreId() const { return reflector_->StoreId(); }
 
 absl::StatusOr<std::unique_ptr<SharedInformer::Registration>> SharedInformer::AddEventHandler(
     std::shared_ptr<ResourceEventHandler> handler, HandlerOptions options) {
@@ -407,6 +429,15 @@ void SharedInformer::Delete(ObjectRef object) {
 }
 
 void SharedInformer::Bookmark(const std::string&) {}
+
+void SharedInformer::StoreChanged(const std::string& store_id) {
+  std::vector<std::shared_ptr<StoreCallback>> callbacks;
+  {
+    absl::MutexLock l(&mu_);
+    callbacks = store_callbacks_;
+  }
+  for (const std::shared_ptr<StoreCallback>& cb : callbacks) cb->Call(store_id);
+}
 
 void SharedInformer::Stopped(const absl::Status& reason) {
   // Keeps the informer alive while the stop callbacks run, even if one of them drops the last

@@ -199,6 +199,15 @@ class SharedInformer : public std::enable_shared_from_this<SharedInformer>, priv
   // reflector's, or Stop()'s caller), with no lock held; immediately, on this thread, if it is
   // already stopped. Keep the Subscription for as long as the callback may run.
   Subscription OnStopped(std::function<void(const absl::Status&)> callback);
+  // Calls `callback(store_id)` after every list that came from another store than the list
+  // before it (the first list included): the cache then holds the new store's content (the
+  // handlers may not have seen it yet). On the reflector's thread, with no lock held; never
+  // after the Subscription is cancelled (a call in progress on another thread is waited for).
+  // A client that trusted something of the previous store (a write it made there and has not
+  // seen come back) must forget it.
+  Subscription OnStoreChanged(std::function<void(const std::string&)> callback);
+  // The store of the last list ("" before the first).
+  std::string StoreId() const;
 
   // Registers a handler; it receives the cache's current objects as adds, then every change.
   // FAILED_PRECONDITION (saying why the informer stopped) on a stopped informer; INVALID_ARGUMENT
@@ -232,13 +241,14 @@ class SharedInformer : public std::enable_shared_from_this<SharedInformer>, priv
   void Update(ObjectRef object) override;
   void Delete(ObjectRef object) override;
   void Bookmark(const std::string& resource_version) override;
+  void StoreChanged(const std::string& store_id) override;
   void Stopped(const absl::Status& reason) override;
 
   // Queues one change for every handler. REQUIRES: mu_ held.
   void EnqueueLocked(const ObjectRef& object, bool deleted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks the informer stopped and runs the stop callbacks (if this call stopped it).
   void MarkStopped(absl::Status reason) ABSL_LOCKS_EXCLUDED(mu_);
-  void RemoveStopCallback(const void* callback) ABSL_LOCKS_EXCLUDED(mu_);
+  void RemoveCallback(const void* callback) ABSL_LOCKS_EXCLUDED(mu_);
   // A registration's delivery loop.
   void Deliver(const std::shared_ptr<Listener>& listener);
   // Brings a registration's handler to the cache's current state. False if it was removed.
@@ -254,7 +264,10 @@ class SharedInformer : public std::enable_shared_from_this<SharedInformer>, priv
   // handlers' queues move together.
   ThreadSafeStore store_;
 
-  class StopCallback;
+  template <typename Arg>
+  class Callback;
+  using StopCallback = Callback<absl::Status>;
+  using StoreCallback = Callback<std::string>;
   mutable absl::Mutex mu_;
   bool running_ ABSL_GUARDED_BY(mu_) = false;
   bool synced_ ABSL_GUARDED_BY(mu_) = false;
@@ -264,6 +277,7 @@ class SharedInformer : public std::enable_shared_from_this<SharedInformer>, priv
   absl::Status stop_reason_ ABSL_GUARDED_BY(mu_) = absl::OkStatus();
   std::vector<std::shared_ptr<Listener>> listeners_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<StopCallback>> stop_callbacks_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<StoreCallback>> store_callbacks_ ABSL_GUARDED_BY(mu_);
   int64_t next_listener_id_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
