@@ -88,6 +88,11 @@ absl::StatusOr<std::unique_ptr<CcrController>> CcrController::Start(Options opti
   ASSIGN_OR_RETURN(
       c->cache_ccrs_registration_,
       c->options_.cache_ccrs->AddEventHandler(MakeHandler(std::move(copy_funcs)), handler_options));
+  // A cache replaced behind its address may lack copies that this term wrote to the one before
+  // (and that the copies' informer never showed): every CCR is reconciled against the new one.
+  c->cache_store_subscription_ = c->options_.cache_ccrs->OnStoreChanged([raw](const std::string&) {
+    for (const ObjectRef& ccr : raw->options_.ccrs->store().List()) raw->Enqueue(ccr->metadata());
+  });
   c->resources_subscription_ =
       c->options_.shard_informers->Subscribe([raw](const ResourceEvent& event) {
         bool served = event.type == ResourceEvent::Type::kServed;
@@ -115,6 +120,7 @@ void CcrController::Stop() {
   ccrs_registration_.reset();
   cache_ccrs_registration_.reset();
   resources_subscription_.Cancel();
+  cache_store_subscription_.Cancel();
   if (queue_ != nullptr) queue_->ShutDown();
   for (std::thread& t : workers_) t.join();
   workers_.clear();

@@ -133,6 +133,7 @@ class CcrController {
   std::unique_ptr<SharedInformer::Registration> ccrs_registration_;
   std::unique_ptr<SharedInformer::Registration> cache_ccrs_registration_;
   Subscription resources_subscription_;
+  Subscription cache_store_subscription_;
   std::vector<std::thread> workers_;
 
   // Held shared by each write to the shard store; Stop closes it, so that no write is sent once

@@ -35,6 +35,9 @@ struct ReplicationController::Shared {
   std::set<std::string> inflight ABSL_GUARDED_BY(mu);  // keys with a write not yet answered
   std::set<std::string> again ABSL_GUARDED_BY(mu);     // ... that changed meanwhile
   std::map<std::string, Written> written ABSL_GUARDED_BY(mu);
+  // How many times the cache informer has listed another store than the one before: an answer
+  // to a write sent in an earlier generation says nothing about the store listed now.
+  int64_t cache_generation ABSL_GUARDED_BY(mu) = 0;
   // When the first local change of a key not yet written was seen (replication lag).
   std::map<std::string, absl::Time> seen ABSL_GUARDED_BY(mu);
   // Keys whose copy is not known to equal the projection: changed on either side and not yet
@@ -104,6 +107,8 @@ absl::StatusOr<std::unique_ptr<ReplicationController>> ReplicationController::St
       c->local_->OnStopped([raw = c.get()](const absl::Status& s) { raw->InformerStopped(s); });
   c->cache_stopped_ =
       c->cache_->OnStopped([raw = c.get()](const absl::Status& s) { raw->InformerStopped(s); });
+  c->cache_store_changed_ = c->cache_->OnStoreChanged(
+      [raw = c.get()](const std::string& store_id) { raw->CacheStoreChanged(store_id); });
   SharedInformer::HandlerOptions handler_options;
   handler_options.resync_period = c->options_.resync_period;
   ASSIGN_OR_RETURN(c->local_registration_,
@@ -151,6 +156,7 @@ void ReplicationController::Stop() {
   cache_registration_.reset();
   local_stopped_.Cancel();
   cache_stopped_.Cancel();
+  cache_store_changed_.Cancel();
   if (shared_->queue != nullptr) shared_->queue->ShutDown();
   for (std::thread& t : workers_) t.join();
   if (!workers_.empty() && options_.metrics != nullptr) {
@@ -175,6 +181,28 @@ void ReplicationController::InformerStopped(const absl::Status& reason) {
       "stopped: {}",
       GvrKey(options_.spec.resource), options_.cluster, options_.ccr_name, reason.ToString());
   if (options_.on_stopped) options_.on_stopped(reason);
+}
+
+void ReplicationController::CacheStoreChanged(const std::string& store_id) {
+  std::set<std::string> keys;
+  for (const ObjectRef& o : local_->store().List()) keys.insert(QueueKey(o->metadata()));
+  for (const ObjectRef& o : cache_->store().List()) keys.insert(QueueKey(o->metadata()));
+  size_t unconfirmed = 0;
+  {
+    absl::MutexLock l(&shared_->mu);
+    ++shared_->cache_generation;
+    unconfirmed = shared_->written.size();
+    for (const auto& [key, written] : shared_->written) keys.insert(key);
+    shared_->written.clear();
+    shared_->pending.insert(keys.begin(), keys.end());
+  }
+  spdlog::info(
+      "replication of {} in cluster {} (clustercachedresource {}): the cache is store {}; "
+      "reconciling all {} objects again ({} writes not yet seen there are not trusted)",
+      GvrKey(options_.spec.resource), options_.cluster, options_.ccr_name, store_id, keys.size(),
+      unconfirmed);
+  for (const std::string& key : keys) shared_->queue->Add(key);
+  if (options_.on_change) options_.on_change();
 }
 
 bool ReplicationController::HasSynced() const {
@@ -320,13 +348,15 @@ bool ReplicationController::Reconcile(const std::string& key) {
     deleted_revision = ResourceVersionNumber(*copy);
   }
   bool is_delete = request.has_delete_();
+  int64_t generation = 0;
   {
     absl::MutexLock l(&shared->mu);
     shared->inflight.insert(key);
     shared->pending.insert(key);  // until the write is acknowledged
+    generation = shared->cache_generation;
   }
   absl::Status sent = options_.writer->Write(
-      std::move(request), [shared, key, is_delete, deleted_revision](
+      std::move(request), [shared, key, is_delete, deleted_revision, generation](
                               const absl::Status& status, const v1::WriteResponse& answer) {
         bool gone = is_delete && absl::IsNotFound(status);
         bool notify = false;
@@ -334,6 +364,12 @@ bool ReplicationController::Reconcile(const std::string& key) {
           absl::MutexLock l(&shared->mu);
           shared->inflight.erase(key);
           bool again = shared->again.erase(key) > 0;
+          if ((status.ok() || gone) && generation != shared->cache_generation) {
+            // Answered by the store that the cache informer no longer lists: reconcile the key
+            // against the one it lists now.
+            shared->queue->Add(key);
+            return;
+          }
           if (status.ok() || gone) {
             Shared::Written w;
             if (is_delete) {

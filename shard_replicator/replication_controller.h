@@ -27,6 +27,11 @@
 // (CacheWriter::WhenAvailable), so that the backlog flows at once when the cache comes back;
 // any other failure is retried with the queue's per-key backoff.
 //
+// The acknowledged writes that the cache informer has not shown yet are trusted only while the
+// informer lists the same store: when it lists another one (the cache was replaced behind its
+// address), every key is reconciled again against it, and an answer to a write sent before is
+// not taken for a copy held by the new store.
+//
 // Pending() counts the keys whose copy is not known to be equal to the projection (changed on
 // either side and not yet found up to date, written and not yet acknowledged, or parked): zero
 // means the cache holds the whole projection, as far as the controller knows. on_change is also
@@ -115,6 +120,10 @@ class ReplicationController {
                         std::shared_ptr<SharedInformer> cache);
   std::shared_ptr<ResourceEventHandler> Handler(bool local_side);
   void InformerStopped(const absl::Status& reason);
+  // The cache informer listed another store (the cache was replaced behind its address, e.g.
+  // restarted without its data): nothing learnt from the previous one holds, so every key is
+  // pending and reconciled again, and answers to writes sent before are not trusted.
+  void CacheStoreChanged(const std::string& store_id);
   void Worker();
   // Reconciles one object ("namespace\0name"); false to retry it with backoff.
   bool Reconcile(const std::string& key);
@@ -133,6 +142,7 @@ class ReplicationController {
   std::unique_ptr<SharedInformer::Registration> cache_registration_;
   Subscription local_stopped_;
   Subscription cache_stopped_;
+  Subscription cache_store_changed_;
   std::vector<std::thread> workers_;
 
   mutable absl::Mutex mu_;
