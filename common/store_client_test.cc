@@ -652,7 +652,9 @@ TEST_F(StoreClientTest, Keepalive_PausedServer_EndsTheWatch) {
   if (!detected) watch->Cancel();
   reader.join();
   EXPECT_TRUE(detected) << "the watch on a paused server never ended";
-  if (detected) EXPECT_THAT(watch->Finish(), StatusIs(absl::StatusCode::kUnavailable));
+  if (detected) {
+    EXPECT_THAT(watch->Finish(), StatusIs(absl::StatusCode::kUnavailable));
+  }
   watch.reset();
   server_->Signal(SIGCONT);
 }
