@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/shared_informer.h"
+#include "common/testing/objects.h"
 #include "common/testing/scripted_lister_watcher.h"
 #include "common/testing/server_process.h"
 #include "common/testing/wait.h"
@@ -32,13 +33,7 @@ constexpr char kShard[] = "a";
 constexpr char kCluster[] = "root";
 constexpr char kNamespace[] = "default";
 
-v1::GroupVersionResource Widgets() {
-  v1::GroupVersionResource gvr;
-  gvr.set_group("example.com");
-  gvr.set_version("v1");
-  gvr.set_resource("widgets");
-  return gvr;
-}
+v1::GroupVersionResource Widgets() { return testing::Gvr("example.com", "v1", "widgets"); }
 
 v1::Object LocalWidget(const std::string& name, const std::string& rv) {
   v1::Object o;
