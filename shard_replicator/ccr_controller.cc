@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <optional>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/error_info.h"
 #include "common/object_key.h"
 #include "common/status_macros.h"
 
@@ -184,8 +184,7 @@ absl::StatusOr<v1::Object> CcrController::WriteShardStore(const v1::UpdateReques
 }
 
 void CcrController::CheckFenced(const absl::Status& status) {
-  if (absl::IsFailedPrecondition(status) && absl::StartsWith(status.message(), "fenced") &&
-      options_.on_fenced) {
+  if (IsFenced(status) && options_.on_fenced) {
     options_.on_fenced(status);
   }
 }

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/error_info.h"
 #include "common/lease_lock.h"
 #include "common/status_macros.h"
 #include "common/validation.h"
@@ -189,7 +190,7 @@ void ShardReplicator::RunTerm(Term* term) {
     if (term->cancellation.Cancelled()) return;
     absl::StatusOr<v1::ClaimEpochResponse> claimed = cache_client_->ClaimEpoch(claim);
     if (claimed.ok()) break;
-    if (absl::IsFailedPrecondition(claimed.status())) {
+    if (IsFenced(claimed.status())) {
       spdlog::error("the cache refused epoch {} for shard {}: {}; stopping leading", term->epoch,
                     options_.shard, claimed.status().ToString());
       metrics_.fenced.Increment();
