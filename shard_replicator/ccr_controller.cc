@@ -206,7 +206,7 @@ ObjectRef CcrController::EarlierDuplicate(const v1::Object& ccr, const CcrSpec& 
       continue;
     }
     absl::StatusOr<CcrSpec> other = ParseCcrSpec(*o, nullptr);
-    if (!other.ok() || GroupResourceKey(other->resource) != GroupResourceKey(spec.resource)) {
+    if (!other.ok() || GroupResource(other->resource) != GroupResource(spec.resource)) {
       continue;
     }
     if (first == nullptr || CreatedBefore(*o, *first)) first = o;
@@ -356,10 +356,10 @@ CcrController::Next CcrController::Reconcile(const std::string& key) {
     state.valid_message = invalid.message;
   } else if (duplicate_of != nullptr) {
     state.valid_reason = "DuplicateResource";
-    state.valid_message = absl::StrCat("clustercachedresource \"", duplicate_of->metadata().name(),
-                                       "\" in cluster \"", cluster, "\" already replicates ",
-                                       GroupResourceKey(spec->resource),
-                                       "; only the first one for a resource is used");
+    state.valid_message =
+        absl::StrCat("clustercachedresource \"", duplicate_of->metadata().name(),
+                     "\" in cluster \"", cluster, "\" already replicates ",
+                     GroupResource(spec->resource), "; only the first one for a resource is used");
   } else {
     state.valid_reason = "Valid";
     state.valid_message = absl::StrCat(
