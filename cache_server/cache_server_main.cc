@@ -24,6 +24,7 @@
 #include "common/http_server.h"
 #include "common/logging.h"
 #include "common/port_file.h"
+#include "common/server_main.h"
 #include "common/signals.h"
 #include "prometheus/gauge.h"
 #include "prometheus/registry.h"

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
+#include "common/error_info.h"
 #include "common/status_macros.h"
 #include "common/validation.h"
 #include "spdlog/spdlog.h"
@@ -526,9 +527,10 @@ absl::Status ObjectStore::CheckFenceLocked(const v1::Fence& fence, const char* w
   }
   int64_t& highest = epochs_[fence.shard()];
   if (fence.epoch() < highest) {
-    return absl::FailedPreconditionError(
+    return FencedError(
         absl::StrCat("fenced: shard \"", fence.shard(), "\" is at epoch ", highest, " and this ",
-                     what, " carries epoch ", fence.epoch(), " (a newer leader holds the shard)"));
+                     what, " carries epoch ", fence.epoch(), " (a newer leader holds the shard)"),
+        fence.shard(), highest, fence.epoch());
   }
   if (fence.epoch() > highest) {
     highest = fence.epoch();

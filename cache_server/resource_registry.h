@@ -15,23 +15,12 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/resources.h"
 #include "shardcache/v1/store.pb.h"
 
 namespace shardcache {
 
 enum class Role { kCache, kShard };
-
-// "group/resource": how objects of a resource are grouped, whatever the version.
-std::string GroupResource(const v1::GroupVersionResource& gvr);
-// "resource.group/version" (or "resource/version" for the core group), for messages.
-std::string GvrString(const v1::GroupVersionResource& gvr);
-
-inline constexpr char kDefinitionGroup[] = "core.shardcache.io";
-inline constexpr char kDefinitionResource[] = "resourcedefinitions";
-inline constexpr char kLeaseGroup[] = "coordination.shardcache.io";
-inline constexpr char kLeaseResource[] = "leases";
-inline constexpr char kCcrGroup[] = "cache.shardcache.io";
-inline constexpr char kCcrResource[] = "clustercachedresources";
 
 struct ResourceInfo {
   enum class Scope { kAny, kCluster, kNamespaced };

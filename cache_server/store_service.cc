@@ -241,8 +241,7 @@ void StoreService::Apply(const v1::WriteRequest& req, std::function<void(v1::Wri
     void operator()(const absl::Status& status, const ObjectPtr& object, bool deleted) const {
       v1::WriteResponse answer;
       answer.set_id(id);
-      answer.set_code(static_cast<int>(status.code()));
-      answer.set_message(std::string(status.message()));
+      SetWriteAnswerStatus(status, &answer);
       if (object != nullptr) *answer.mutable_object() = *object;
       answer.set_deleted(deleted);
       metrics->ObserveRequest(method, CodeName(status), absl::ToDoubleSeconds(absl::Now() - start));

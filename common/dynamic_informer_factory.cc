@@ -9,66 +9,36 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/label_selector.h"
+#include "common/resource_definition.h"
+#include "common/resources.h"
 #include "common/validation.h"
 
 namespace shardcache {
 namespace {
 
-v1::GroupVersionResource Gvr(const std::string& group, const std::string& version,
-                             const std::string& resource) {
-  v1::GroupVersionResource gvr;
-  gvr.set_group(group);
-  gvr.set_version(version);
-  gvr.set_resource(resource);
-  return gvr;
-}
-
-// "group/version/resource": the key of a served resource.
-std::string ResourceKey(const v1::GroupVersionResource& gvr) {
-  return absl::StrCat(gvr.group(), "/", gvr.version(), "/", gvr.resource());
-}
-
 std::string InformerKey(const v1::GroupVersionResource& gvr, const ListWatchFilters& filters) {
-  return absl::StrCat(ResourceKey(gvr), "|", filters.ToString());
+  return absl::StrCat(GvrKey(gvr), "|", filters.ToString());
 }
 
 bool IsBuiltIn(const v1::GroupVersionResource& gvr) {
   for (const v1::GroupVersionResource& b : DynamicInformerFactory::BuiltInResources()) {
-    if (ResourceKey(b) == ResourceKey(gvr)) return true;
+    if (GvrKey(b) == GvrKey(gvr)) return true;
   }
   return false;
 }
 
-const google::protobuf::Value* Field(const google::protobuf::Struct& s, const std::string& name) {
-  auto it = s.fields().find(name);
-  return it == s.fields().end() ? nullptr : &it->second;
-}
-
 // The resources a ResourceDefinition serves: one per version marked served (the default). The
-// store validated the definition; anything unexpected serves nothing.
+// store validated the definition; one that does not parse serves nothing.
 std::map<std::string, v1::GroupVersionResource> ServedBy(const v1::Object& definition) {
   std::map<std::string, v1::GroupVersionResource> served;
-  const google::protobuf::Struct& spec = definition.spec();
-  const google::protobuf::Value* group = Field(spec, "group");
-  const google::protobuf::Value* names = Field(spec, "names");
-  const google::protobuf::Value* versions = Field(spec, "versions");
-  if (group == nullptr || names == nullptr || versions == nullptr || !names->has_struct_value() ||
-      !versions->has_list_value()) {
-    spdlog::warn("resource definition {}: no group, names or versions: it serves nothing",
-                 definition.metadata().name());
+  absl::StatusOr<ResourceDefinition> parsed = ParseResourceDefinition(definition);
+  if (!parsed.ok()) {
+    spdlog::warn("resource definition {}: {}: it serves nothing", definition.metadata().name(),
+                 std::string(parsed.status().message()));
     return served;
   }
-  const google::protobuf::Value* plural = Field(names->struct_value(), "plural");
-  if (plural == nullptr || plural->string_value().empty()) return served;
-  for (const google::protobuf::Value& v : versions->list_value().values()) {
-    if (!v.has_struct_value()) continue;
-    const google::protobuf::Value* name = Field(v.struct_value(), "name");
-    const google::protobuf::Value* is_served = Field(v.struct_value(), "served");
-    if (name == nullptr || name->string_value().empty()) continue;
-    if (is_served != nullptr && is_served->has_bool_value() && !is_served->bool_value()) continue;
-    v1::GroupVersionResource gvr =
-        Gvr(group->string_value(), name->string_value(), plural->string_value());
-    served.emplace(ResourceKey(gvr), gvr);
+  for (v1::GroupVersionResource& gvr : parsed->ServedResources()) {
+    served.emplace(GvrKey(gvr), std::move(gvr));
   }
   return served;
 }
@@ -179,13 +149,11 @@ class DynamicInformerFactory::Notifier : public std::enable_shared_from_this<Not
 };
 
 std::vector<v1::GroupVersionResource> DynamicInformerFactory::BuiltInResources() {
-  return {Gvr("core.shardcache.io", "v1", "resourcedefinitions"),
-          Gvr("coordination.shardcache.io", "v1", "leases"),
-          Gvr("cache.shardcache.io", "v1alpha1", "clustercachedresources")};
+  return {DefinitionResource(), LeaseResource(), CcrResource()};
 }
 
 v1::GroupVersionResource DynamicInformerFactory::DefinitionsResource() {
-  return Gvr("core.shardcache.io", "v1", "resourcedefinitions");
+  return DefinitionResource();
 }
 
 absl::StatusOr<std::unique_ptr<DynamicInformerFactory>> DynamicInformerFactory::Create(
@@ -315,7 +283,7 @@ absl::StatusOr<std::shared_ptr<SharedInformer>> DynamicInformerFactory::ForResou
                          "ResourceDefinitions; retry"));
       }
     }
-    if (served_.count(ResourceKey(resource)) == 0) {
+    if (served_.count(GvrKey(resource)) == 0) {
       return absl::NotFoundError(absl::StrCat(
           "resource ", name, " is not served by the store: ",
           options_.follow_definitions
@@ -344,12 +312,12 @@ absl::StatusOr<std::shared_ptr<SharedInformer>> DynamicInformerFactory::ForResou
 bool DynamicInformerFactory::IsServed(const v1::GroupVersionResource& resource) const {
   if (IsBuiltIn(resource)) return true;
   absl::MutexLock l(&mu_);
-  return served_.count(ResourceKey(resource)) > 0;
+  return served_.count(GvrKey(resource)) > 0;
 }
 
 std::vector<v1::GroupVersionResource> DynamicInformerFactory::ServedResources() const {
   std::map<std::string, v1::GroupVersionResource> all;
-  for (const v1::GroupVersionResource& b : BuiltInResources()) all.emplace(ResourceKey(b), b);
+  for (const v1::GroupVersionResource& b : BuiltInResources()) all.emplace(GvrKey(b), b);
   {
     absl::MutexLock l(&mu_);
     all.insert(served_.begin(), served_.end());
@@ -436,7 +404,7 @@ void DynamicInformerFactory::ApplyDefinition(const std::string& name,
 }
 
 void DynamicInformerFactory::ServeLocked(const v1::GroupVersionResource& resource) {
-  if (served_.emplace(ResourceKey(resource), resource).second) {
+  if (served_.emplace(GvrKey(resource), resource).second) {
     spdlog::info("informer factory: {} is served", StoreListerWatcher::ResourceName(resource));
     notifier_->Publish({ResourceEvent::Type::kServed, resource});
   }
@@ -445,7 +413,7 @@ void DynamicInformerFactory::ServeLocked(const v1::GroupVersionResource& resourc
 std::vector<DynamicInformerFactory::Entry> DynamicInformerFactory::UnserveLocked(
     const v1::GroupVersionResource& resource) {
   std::vector<Entry> dropped;
-  const std::string key = ResourceKey(resource);
+  const std::string key = GvrKey(resource);
   if (served_.erase(key) == 0) return dropped;
   notifier_->Publish({ResourceEvent::Type::kUnserved, resource});
   const std::string prefix = key + "|";

@@ -8,14 +8,11 @@
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "common/signals.h"
 
 #ifndef SHARDCACHE_VERSION
 #define SHARDCACHE_VERSION "unknown"
@@ -47,24 +44,6 @@ bool HandledByParser(absl::string_view name) {
 bool TakesValue(absl::string_view name) {
   return name == "flagfile" || name == "fromenv" || name == "tryfromenv" || name == "undefok" ||
          name == "helpon" || name == "helpmatch";
-}
-
-// A source file's name as --help shows it: "cache_server/cache_server_main.cc", whatever the
-// build tree's path ("../../cache_server/...", "/tmp/build/src/cache_server/...").
-std::string NormalizeFilename(absl::string_view file) {
-  size_t absl_at = file.rfind("absl/");
-  if (absl_at != absl::string_view::npos && (absl_at == 0 || file[absl_at - 1] == '/')) {
-    return std::string(file.substr(absl_at));
-  }
-  size_t last = file.rfind('/');
-  if (last == absl::string_view::npos || last == 0) return std::string(file);
-  size_t before = file.rfind('/', last - 1);
-  return std::string(before == absl::string_view::npos ? file : file.substr(before + 1));
-}
-
-// --help lists the flags of shardcache's own files (Abseil's own are in --helpfull).
-bool OwnFlags(absl::string_view file) {
-  return !absl::StartsWith(NormalizeFilename(file), "absl/");
 }
 
 }  // namespace
@@ -140,25 +119,6 @@ absl::Status CheckCommandLine(int argc, char** argv) {
           absl::StrCat(Display(name), ": invalid value \"", value, "\": ", error));
     }
   }
-  return absl::OkStatus();
-}
-
-absl::Status InitServerMain(int argc, char** argv, const char* usage) {
-  BlockTerminationSignals();
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  absl::SetProgramUsageMessage(usage);
-  std::string program = argc > 0 ? argv[0] : "shardcache";
-  program = program.substr(program.rfind('/') + 1);  // npos + 1 == 0: all of it
-  absl::FlagsUsageConfig config;
-  config.contains_helpshort_flags = OwnFlags;
-  config.contains_help_flags = OwnFlags;
-  config.normalize_filename = NormalizeFilename;
-  config.version_string = [program]() { return VersionText(program) + "\n"; };
-  absl::SetFlagsUsageConfig(config);
-  char** normalized = NormalizeFlagNames(argc, argv);
-  absl::Status checked = CheckCommandLine(argc, normalized);
-  if (!checked.ok()) return checked;
-  absl::ParseCommandLine(argc, normalized);
   return absl::OkStatus();
 }
 

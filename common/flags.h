@@ -1,14 +1,15 @@
-// The start of a shardcache server's main: flag spelling, one path for bad flags, and the
-// program's build identity (--version, the shardcache_build_info metric).
+// Flags of a shardcache program: their spelling, one check of a command line, and the program's
+// build identity (--version, the shardcache_build_info metric). common/server_main.h puts them
+// together at the start of a server's main.
 //
 // Flag spelling: shardcache's flags are written with dashes (--http-listen), as Kubernetes
 // components spell theirs; Abseil names them with underscores. NormalizeFlagNames rewrites each
 // "--name-with-dashes[=value]" argument to "--name_with_dashes[=value]" so both spellings work.
 //
 // Bad flags: Abseil's parser exits 1 with its own message on an unknown flag or a value that does
-// not parse. InitServerMain checks the command line first and returns those as an error, so that
-// main refuses to start as for every other bad flag ("<program>: refusing to start: <why>",
-// exit code 2), before it starts anything.
+// not parse. CheckCommandLine finds those first and returns them as an error, so that main
+// refuses to start as for every other bad flag ("<program>: refusing to start: <why>", exit
+// code 2), before it starts anything.
 //
 // All functions here are for main's thread, before any other thread starts. Not thread-safe.
 #ifndef SHARDCACHE_COMMON_FLAGS_H_
@@ -31,14 +32,6 @@ char** NormalizeFlagNames(int argc, char** argv);
 // INVALID_ARGUMENT naming the flag (as --name-with-dashes) and why; positional arguments are
 // refused too (neither server takes any).
 absl::Status CheckCommandLine(int argc, char** argv);
-
-// The start of a shardcache server's main, before any thread is created: blocks SIGTERM and
-// SIGINT (see signals.h), turns off Abseil's mutex deadlock detection (Debian's Abseil has it on,
-// which puts every lock acquisition through a global graph: too costly for a server; the tests
-// keep it on), sets the --help text (flags listed by source file, without build-tree paths) and
-// the --version text, checks the flags (CheckCommandLine; an error is returned, nothing parsed)
-// and parses them in either spelling. --help and --version print and exit, as Abseil does.
-absl::Status InitServerMain(int argc, char** argv, const char* usage);
 
 // The product version (CMake's project VERSION) and the git commit the binary was configured
 // from ("unknown" outside a git checkout).

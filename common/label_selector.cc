@@ -10,6 +10,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "common/struct_codec.h"
 #include "common/validation.h"
 
 namespace shardcache {
@@ -389,169 +391,73 @@ absl::StatusOr<LabelSelector> LabelSelector::Parse(absl::string_view text) {
   return LabelSelector(*std::move(requirements));
 }
 
-namespace {
-
-// A JSON value for an error message: strings quoted, containers abbreviated.
-std::string RenderJson(const google::protobuf::Value& v) {
-  switch (v.kind_case()) {
-    case google::protobuf::Value::kStringValue:
-      return QuoteForMessage(v.string_value());
-    case google::protobuf::Value::kNumberValue:
-      return absl::StrCat(v.number_value());
-    case google::protobuf::Value::kBoolValue:
-      return v.bool_value() ? "true" : "false";
-    case google::protobuf::Value::kStructValue:
-      return "{...}";
-    case google::protobuf::Value::kListValue:
-      return "[...]";
-    default:
-      return "null";
-  }
-}
-
-absl::Status WrongType(absl::string_view path, const google::protobuf::Value& v,
-                       absl::string_view expected) {
-  return FieldInvalidRendered(path, RenderJson(v), absl::StrCat("must be ", expected));
-}
-
-bool IsNull(const google::protobuf::Value& v) {
-  return v.kind_case() == google::protobuf::Value::kNullValue ||
-         v.kind_case() == google::protobuf::Value::KIND_NOT_SET;
-}
-
-// Rejects fields of `s` other than `known` (first in sorted order).
-absl::Status CheckKnownFields(absl::string_view path, const google::protobuf::Struct& s,
-                              std::initializer_list<absl::string_view> known) {
-  std::vector<absl::string_view> unknown;
-  for (const auto& [name, value] : s.fields()) {
-    if (std::find(known.begin(), known.end(), name) == known.end()) unknown.push_back(name);
-  }
-  if (unknown.empty()) return absl::OkStatus();
-  std::vector<std::string> quoted;
-  for (absl::string_view k : known) quoted.push_back(QuoteForMessage(k));
-  return FieldForbidden(
-      ChildPath(path, *std::min_element(unknown.begin(), unknown.end())),
-      absl::StrCat("unknown field; the known fields are ", absl::StrJoin(quoted, ", ")));
-}
-
-// The field `name` of `s`, or null if absent or JSON null.
-const google::protobuf::Value* GetField(const google::protobuf::Struct& s,
-                                        const std::string& name) {
-  auto it = s.fields().find(name);
-  if (it == s.fields().end() || IsNull(it->second)) return nullptr;
-  return &it->second;
-}
-
-}  // namespace
-
 absl::StatusOr<LabelSelector> LabelSelector::FromStruct(const google::protobuf::Struct& s) {
-  if (absl::Status st = CheckKnownFields("", s, {"matchExpressions", "matchLabels"}); !st.ok()) {
-    return st;
-  }
+  types::v1::LabelSelectorSpec spec;
+  RETURN_IF_ERROR(StructToMessage(s, "", &spec));
+  return FromSpec(spec, "");
+}
+
+absl::StatusOr<LabelSelector> LabelSelector::FromSpec(const types::v1::LabelSelectorSpec& spec,
+                                                      absl::string_view path) {
   std::vector<Requirement> requirements;
-
-  if (const google::protobuf::Value* match_labels = GetField(s, "matchLabels")) {
-    if (match_labels->kind_case() != google::protobuf::Value::kStructValue) {
-      return WrongType("matchLabels", *match_labels, "an object of strings");
-    }
-    const auto& fields = match_labels->struct_value().fields();
-    std::vector<absl::string_view> keys;
-    for (const auto& [key, value] : fields) keys.push_back(key);
-    std::sort(keys.begin(), keys.end());
-    for (absl::string_view key : keys) {
-      const google::protobuf::Value& value = fields.at(std::string(key));
-      if (absl::Status st = ValidateQualifiedName("matchLabels", key); !st.ok()) return st;
-      const std::string value_path = KeyPath("matchLabels", key);
-      if (value.kind_case() != google::protobuf::Value::kStringValue) {
-        return WrongType(value_path, value, "a string");
-      }
-      if (absl::Status st = ValidateLabelValue(value_path, value.string_value()); !st.ok()) {
-        return st;
-      }
-      Requirement r;
-      r.key = std::string(key);
-      r.op = Operator::kEquals;
-      r.values.push_back(value.string_value());
-      requirements.push_back(std::move(r));
-    }
+  const std::string labels_path = ChildPath(path, "matchLabels");
+  std::vector<absl::string_view> keys;
+  for (const auto& [key, value] : spec.match_labels()) keys.push_back(key);
+  std::sort(keys.begin(), keys.end());
+  for (absl::string_view key : keys) {
+    RETURN_IF_ERROR(ValidateQualifiedName(labels_path, key));
+    const std::string& value = spec.match_labels().at(std::string(key));
+    RETURN_IF_ERROR(ValidateLabelValue(KeyPath(labels_path, key), value));
+    Requirement r;
+    r.key = std::string(key);
+    r.op = Operator::kEquals;
+    r.values.push_back(value);
+    requirements.push_back(std::move(r));
   }
 
-  if (const google::protobuf::Value* exprs = GetField(s, "matchExpressions")) {
-    if (exprs->kind_case() != google::protobuf::Value::kListValue) {
-      return WrongType("matchExpressions", *exprs, "a list");
+  const std::string exprs_path = ChildPath(path, "matchExpressions");
+  for (int i = 0; i < spec.match_expressions_size(); ++i) {
+    const types::v1::LabelSelectorRequirement& expr = spec.match_expressions(i);
+    const std::string expr_path = IndexPath(exprs_path, static_cast<size_t>(i));
+    Requirement r;
+    const std::string key_path = ChildPath(expr_path, "key");
+    if (!expr.has_key()) return FieldRequired(key_path);
+    RETURN_IF_ERROR(ValidateQualifiedName(key_path, expr.key()));
+    r.key = expr.key();
+
+    const std::string op_path = ChildPath(expr_path, "operator");
+    const std::string& op_name = expr.operator_();
+    if (op_name.empty()) return FieldRequired(op_path);
+    if (op_name == "In") {
+      r.op = Operator::kIn;
+    } else if (op_name == "NotIn") {
+      r.op = Operator::kNotIn;
+    } else if (op_name == "Exists") {
+      r.op = Operator::kExists;
+    } else if (op_name == "DoesNotExist") {
+      r.op = Operator::kDoesNotExist;
+    } else {
+      return FieldNotSupported(op_path, op_name, {"DoesNotExist", "Exists", "In", "NotIn"});
     }
-    const auto& list = exprs->list_value().values();
-    for (int i = 0; i < list.size(); ++i) {
-      const std::string path = IndexPath("matchExpressions", static_cast<size_t>(i));
-      if (list[i].kind_case() != google::protobuf::Value::kStructValue) {
-        return WrongType(path, list[i], "an object");
-      }
-      const google::protobuf::Struct& expr = list[i].struct_value();
-      if (absl::Status st = CheckKnownFields(path, expr, {"key", "operator", "values"}); !st.ok()) {
-        return st;
-      }
-      Requirement r;
 
-      const std::string key_path = ChildPath(path, "key");
-      const google::protobuf::Value* key = GetField(expr, "key");
-      if (key == nullptr) return FieldRequired(key_path);
-      if (key->kind_case() != google::protobuf::Value::kStringValue) {
-        return WrongType(key_path, *key, "a string");
-      }
-      if (absl::Status st = ValidateQualifiedName(key_path, key->string_value()); !st.ok()) {
-        return st;
-      }
-      r.key = key->string_value();
-
-      const std::string op_path = ChildPath(path, "operator");
-      const google::protobuf::Value* op = GetField(expr, "operator");
-      if (op == nullptr) return FieldRequired(op_path);
-      if (op->kind_case() != google::protobuf::Value::kStringValue) {
-        return WrongType(op_path, *op, "a string");
-      }
-      const std::string& op_name = op->string_value();
-      if (op_name.empty()) return FieldRequired(op_path);
-      if (op_name == "In") {
-        r.op = Operator::kIn;
-      } else if (op_name == "NotIn") {
-        r.op = Operator::kNotIn;
-      } else if (op_name == "Exists") {
-        r.op = Operator::kExists;
-      } else if (op_name == "DoesNotExist") {
-        r.op = Operator::kDoesNotExist;
-      } else {
-        return FieldNotSupported(op_path, op_name, {"DoesNotExist", "Exists", "In", "NotIn"});
-      }
-
-      const std::string values_path = ChildPath(path, "values");
-      const google::protobuf::Value* values = GetField(expr, "values");
-      if (values != nullptr && values->kind_case() != google::protobuf::Value::kListValue) {
-        return WrongType(values_path, *values, "a list of strings");
-      }
-      const int n = values == nullptr ? 0 : values->list_value().values_size();
-      const bool is_set_op = r.op == Operator::kIn || r.op == Operator::kNotIn;
-      if (is_set_op && n == 0) {
-        return FieldRequired(values_path, "must be specified when `operator` is 'In' or 'NotIn'");
-      }
-      if (!is_set_op && n > 0) {
-        return FieldForbidden(values_path,
-                              "may not be specified when `operator` is 'Exists' or 'DoesNotExist'");
-      }
-      for (int j = 0; j < n; ++j) {
-        const google::protobuf::Value& v = values->list_value().values(j);
-        const std::string value_path = IndexPath(values_path, static_cast<size_t>(j));
-        if (v.kind_case() != google::protobuf::Value::kStringValue) {
-          return WrongType(value_path, v, "a string");
-        }
-        if (absl::Status st = ValidateLabelValue(value_path, v.string_value()); !st.ok()) {
-          return st;
-        }
-        r.values.push_back(v.string_value());
-      }
-      std::sort(r.values.begin(), r.values.end());
-      r.values.erase(std::unique(r.values.begin(), r.values.end()), r.values.end());
-      requirements.push_back(std::move(r));
+    const std::string values_path = ChildPath(expr_path, "values");
+    const int n = expr.values_size();
+    const bool is_set_op = r.op == Operator::kIn || r.op == Operator::kNotIn;
+    if (is_set_op && n == 0) {
+      return FieldRequired(values_path, "must be specified when `operator` is 'In' or 'NotIn'");
     }
+    if (!is_set_op && n > 0) {
+      return FieldForbidden(values_path,
+                            "may not be specified when `operator` is 'Exists' or 'DoesNotExist'");
+    }
+    for (int j = 0; j < n; ++j) {
+      RETURN_IF_ERROR(
+          ValidateLabelValue(IndexPath(values_path, static_cast<size_t>(j)), expr.values(j)));
+      r.values.push_back(expr.values(j));
+    }
+    std::sort(r.values.begin(), r.values.end());
+    r.values.erase(std::unique(r.values.begin(), r.values.end()), r.values.end());
+    requirements.push_back(std::move(r));
   }
   return LabelSelector(std::move(requirements));
 }

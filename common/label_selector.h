@@ -39,6 +39,7 @@
 #include "absl/strings/string_view.h"
 #include "google/protobuf/map.h"
 #include "google/protobuf/struct.pb.h"
+#include "shardcache/types/v1/types.pb.h"
 
 namespace shardcache {
 
@@ -58,7 +59,11 @@ class LabelSelector {
   // absent. In and NotIn need at least one value, Exists and DoesNotExist none. Unknown fields are
   // rejected (a misspelt "matchLabel" must not silently select everything). Errors name the
   // sub-field, relative to the object: "matchExpressions[1].operator: Unsupported value: ...".
+  // The JSON is read into a types::v1::LabelSelectorSpec by common/struct_codec.h (strict).
   static absl::StatusOr<LabelSelector> FromStruct(const google::protobuf::Struct& s);
+  // The same from the typed form; error paths start with `path` ("spec.labelSelector").
+  static absl::StatusOr<LabelSelector> FromSpec(const types::v1::LabelSelectorSpec& spec,
+                                                absl::string_view path);
 
   // True if every requirement holds for `labels`.
   bool Matches(const google::protobuf::Map<std::string, std::string>& labels) const;

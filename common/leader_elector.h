@@ -66,6 +66,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/cancellation.h"
 #include "common/clock.h"
 #include "common/lease_lock.h"
 #include "prometheus/counter.h"
@@ -73,45 +74,6 @@
 #include "prometheus/registry.h"
 
 namespace shardcache {
-
-namespace internal {
-struct CancellationState;
-}  // namespace internal
-
-// Observes whether something (a leadership term) has ended. Copyable; copies share state.
-// Thread-safe.
-class CancellationToken {
- public:
-  using CallbackId = uint64_t;
-
-  bool Cancelled() const;
-  // Blocks until cancelled or until `deadline` (real time, absl::Now()); returns Cancelled().
-  bool WaitForCancellation(absl::Time deadline = absl::InfiniteFuture()) const;
-  // Calls `f` once when cancelled: on the thread that cancels, or at once on this thread when
-  // already cancelled (then returns 0).
-  CallbackId OnCancelled(std::function<void()> f) const;
-  // Unregisters a callback. When it is running on another thread, waits until it has returned;
-  // afterwards it will not be called.
-  void RemoveCallback(CallbackId id) const;
-
- private:
-  friend class CancellationSource;
-  explicit CancellationToken(std::shared_ptr<internal::CancellationState> state)
-      : state_(std::move(state)) {}
-  std::shared_ptr<internal::CancellationState> state_;
-};
-
-// Owns the cancelling side of a CancellationToken. Thread-safe.
-class CancellationSource {
- public:
-  CancellationSource();
-  CancellationToken Token() const { return CancellationToken(state_); }
-  // Cancels (idempotent); runs the registered callbacks on this thread before returning.
-  void Cancel();
-
- private:
-  std::shared_ptr<internal::CancellationState> state_;
-};
 
 // What on_started_leading gets: the term's epoch and its cancellation.
 struct LeadingContext {

@@ -732,6 +732,18 @@ TEST(LeaseRecordTest, Spec_RoundTrips) {
   EXPECT_EQ(*back, r);
 }
 
+TEST(LeaseRecordTest, Spec_LeaseTransitionsAboveTwoToThe53_RoundTripExactly) {
+  LeaderElectionRecord r;
+  r.holder_identity = "replica-1";
+  r.leader_transitions = (int64_t{1} << 53) + 1;  // a double would round it to 2^53
+  absl::StatusOr<LeaderElectionRecord> back = RecordFromSpec(RecordToSpec(r));
+  ASSERT_THAT(back, IsOk());
+  EXPECT_EQ(back->leader_transitions, r.leader_transitions);
+  // Up to 2^53 the spec keeps the JSON number it has always had.
+  r.leader_transitions = int64_t{1} << 53;
+  EXPECT_EQ(RecordToSpec(r).fields().at("leaseTransitions").number_value(), 9007199254740992.0);
+}
+
 TEST(LeaseRecordTest, Spec_LeaseDurationRoundsUpToWholeSeconds) {
   LeaderElectionRecord r;
   r.lease_duration = absl::Milliseconds(1500);

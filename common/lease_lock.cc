@@ -7,52 +7,38 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/resources.h"
+#include "common/status_macros.h"
+#include "common/struct_codec.h"
+#include "common/validation.h"
+#include "shardcache/types/v1/types.pb.h"
 
 namespace shardcache {
 namespace {
 
-constexpr char kHolderIdentity[] = "holderIdentity";
-constexpr char kLeaseDurationSeconds[] = "leaseDurationSeconds";
-constexpr char kAcquireTime[] = "acquireTime";
-constexpr char kRenewTime[] = "renewTime";
-constexpr char kLeaseTransitions[] = "leaseTransitions";
-
 using google::protobuf::Struct;
-using google::protobuf::Value;
 
-absl::Status FieldError(absl::string_view field, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat("spec.", field, ": Invalid value: ", what));
-}
-
-// The field's value, or null when absent or JSON null.
-const Value* FindField(const Struct& spec, const char* field) {
-  auto it = spec.fields().find(field);
-  if (it == spec.fields().end() || it->second.kind_case() == Value::kNullValue) return nullptr;
-  return &it->second;
-}
-
-absl::Status ReadTime(const Struct& spec, const char* field, absl::Time* out) {
-  const Value* v = FindField(spec, field);
-  if (v == nullptr) return absl::OkStatus();
-  if (v->kind_case() != Value::kStringValue) return FieldError(field, "must be a string");
-  if (v->string_value().empty()) return absl::OkStatus();
-  absl::StatusOr<absl::Time> t = ParseMicroTime(v->string_value());
-  if (!t.ok()) return FieldError(field, t.status().message());
-  *out = *t;
-  return absl::OkStatus();
-}
-
-// A non-negative number; `integer` also requires a whole one.
-absl::Status ReadNumber(const Struct& spec, const char* field, bool integer, double* out) {
-  const Value* v = FindField(spec, field);
-  if (v == nullptr) return absl::OkStatus();
-  if (v->kind_case() != Value::kNumberValue || !std::isfinite(v->number_value()) ||
-      v->number_value() < 0 || (integer && std::floor(v->number_value()) != v->number_value())) {
-    return FieldError(field,
-                      integer ? "must be a non-negative integer" : "must be a non-negative number");
+// An RFC 3339 time, or the reason it is not one.
+absl::StatusOr<absl::Time> ParseRfc3339(absl::string_view path, absl::string_view value) {
+  absl::Time t;
+  std::string err;
+  if (!absl::ParseTime(absl::RFC3339_full, value, &t, &err)) {
+    return FieldInvalid(path, value, absl::StrCat("not an RFC 3339 time (", err, ")"));
   }
-  *out = v->number_value();
+  return t;
+}
+
+// An RFC 3339 time field: "" or absent is absl::InfinitePast() (never).
+absl::Status ReadTime(const std::string& value, const char* field, absl::Time* out) {
+  if (value.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(*out, ParseRfc3339(absl::StrCat("spec.", field), value));
   return absl::OkStatus();
+}
+
+absl::Status NotNegative(const char* field, double value) {
+  if (std::isfinite(value) && value >= 0) return absl::OkStatus();
+  return FieldInvalidRendered(absl::StrCat("spec.", field), absl::StrCat(value),
+                              "must not be negative");
 }
 
 std::unique_ptr<grpc::ClientContext> CallContext(absl::Duration timeout) {
@@ -74,60 +60,43 @@ std::string FormatMicroTime(absl::Time t) {
                           absl::UTCTimeZone());
 }
 
-absl::StatusOr<absl::Time> ParseMicroTime(absl::string_view s) {
-  absl::Time t;
-  std::string err;
-  if (!absl::ParseTime(absl::RFC3339_full, s, &t, &err)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("\"", s, "\": not an RFC 3339 time (", err, ")"));
-  }
-  return t;
-}
+absl::StatusOr<absl::Time> ParseMicroTime(absl::string_view s) { return ParseRfc3339("", s); }
 
 Struct RecordToSpec(const LeaderElectionRecord& record) {
-  Struct spec;
-  auto& f = *spec.mutable_fields();
-  f[kHolderIdentity].set_string_value(record.holder_identity);
-  f[kLeaseDurationSeconds].set_number_value(
-      std::ceil(absl::ToDoubleSeconds(record.lease_duration)));
+  types::v1::LeaseSpec spec;
+  spec.set_holder_identity(record.holder_identity);
+  spec.set_lease_duration_seconds(std::ceil(absl::ToDoubleSeconds(record.lease_duration)));
   if (record.acquire_time != absl::InfinitePast()) {
-    f[kAcquireTime].set_string_value(FormatMicroTime(record.acquire_time));
+    spec.set_acquire_time(FormatMicroTime(record.acquire_time));
   }
   if (record.renew_time != absl::InfinitePast()) {
-    f[kRenewTime].set_string_value(FormatMicroTime(record.renew_time));
+    spec.set_renew_time(FormatMicroTime(record.renew_time));
   }
-  f[kLeaseTransitions].set_number_value(static_cast<double>(record.leader_transitions));
-  return spec;
+  spec.set_lease_transitions(record.leader_transitions);
+  return MessageToStruct(spec);
 }
 
-absl::StatusOr<LeaderElectionRecord> RecordFromSpec(const Struct& spec) {
+absl::StatusOr<LeaderElectionRecord> RecordFromSpec(const Struct& struct_spec) {
+  // Lenient: a lease may carry fields this version does not know.
+  types::v1::LeaseSpec spec;
+  StructCodecOptions lenient;
+  lenient.ignore_unknown_fields = true;
+  RETURN_IF_ERROR(StructToMessage(struct_spec, "spec", &spec, lenient));
   LeaderElectionRecord r;
-  if (const Value* v = FindField(spec, kHolderIdentity); v != nullptr) {
-    if (v->kind_case() != Value::kStringValue)
-      return FieldError(kHolderIdentity, "must be a string");
-    r.holder_identity = v->string_value();
-  }
-  double seconds = 0;
-  if (absl::Status s = ReadNumber(spec, kLeaseDurationSeconds, false, &seconds); !s.ok()) return s;
-  r.lease_duration = absl::Seconds(seconds);
-  if (absl::Status s = ReadTime(spec, kAcquireTime, &r.acquire_time); !s.ok()) return s;
-  if (absl::Status s = ReadTime(spec, kRenewTime, &r.renew_time); !s.ok()) return s;
-  double transitions = 0;
-  if (absl::Status s = ReadNumber(spec, kLeaseTransitions, true, &transitions); !s.ok()) return s;
-  r.leader_transitions = static_cast<int64_t>(transitions);
+  r.holder_identity = spec.holder_identity();
+  RETURN_IF_ERROR(NotNegative("leaseDurationSeconds", spec.lease_duration_seconds()));
+  r.lease_duration = absl::Seconds(spec.lease_duration_seconds());
+  RETURN_IF_ERROR(ReadTime(spec.acquire_time(), "acquireTime", &r.acquire_time));
+  RETURN_IF_ERROR(ReadTime(spec.renew_time(), "renewTime", &r.renew_time));
+  RETURN_IF_ERROR(NotNegative("leaseTransitions", static_cast<double>(spec.lease_transitions())));
+  r.leader_transitions = spec.lease_transitions();
   return r;
 }
 
 LeaseLock::LeaseLock(std::shared_ptr<v1::Store::StubInterface> stub, Options options)
     : stub_(std::move(stub)), options_(std::move(options)) {}
 
-v1::GroupVersionResource LeaseLock::Resource() {
-  v1::GroupVersionResource gvr;
-  gvr.set_group("coordination.shardcache.io");
-  gvr.set_version("v1");
-  gvr.set_resource("leases");
-  return gvr;
-}
+v1::GroupVersionResource LeaseLock::Resource() { return LeaseResource(); }
 
 std::string LeaseLock::Describe() const {
   return absl::StrCat(options_.cluster, "/", options_.ns, "/", options_.name);

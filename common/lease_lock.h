@@ -72,11 +72,14 @@ std::string FormatMicroTime(absl::Time t);
 // otherwise.
 absl::StatusOr<absl::Time> ParseMicroTime(absl::string_view s);
 
-// The lease object's spec for a record. Unset times are left out; leaseDurationSeconds is the
-// duration rounded up to whole seconds (never shorter than the holder assumes).
+// The lease object's spec for a record (types::v1::LeaseSpec through common/struct_codec.h).
+// Unset times are left out; leaseDurationSeconds is the duration rounded up to whole seconds
+// (never shorter than the holder assumes); leaseTransitions is exact (a JSON number up to 2^53,
+// a decimal string above).
 google::protobuf::Struct RecordToSpec(const LeaderElectionRecord& record);
-// The record in a lease object's spec. INVALID_ARGUMENT (naming the field) for a field of the
-// wrong type or a malformed time.
+// The record in a lease object's spec (unknown fields ignored; leaseTransitions read from a
+// number or a decimal string). INVALID_ARGUMENT (naming the field) for a field of the wrong
+// type, a negative number or a malformed time.
 absl::StatusOr<LeaderElectionRecord> RecordFromSpec(const google::protobuf::Struct& spec);
 
 // The object that electors compete for. Implementations: LeaseLock, and fakes in tests.

@@ -192,8 +192,8 @@ absl::Status StoreClient::Call(const char* method, Retry retry,
     if (!retryable) {
       if (maybe_applied &&
           (absl::IsAlreadyExists(status) || absl::IsAborted(status) || absl::IsNotFound(status))) {
-        return absl::Status(
-            status.code(),
+        return WithMessage(
+            status,
             absl::StrCat(status.message(), " (an earlier attempt of this ", method,
                          " ended UNAVAILABLE and may have been applied: read the object again)"));
       }
@@ -203,8 +203,8 @@ absl::Status StoreClient::Call(const char* method, Retry retry,
     absl::Duration delay = backoff.Next();
     if (n >= options_.max_attempts || clock->Now() + delay >= call_deadline) {
       if (n == 1) return status;
-      return absl::Status(status.code(),
-                          absl::StrCat(status.message(), " (gave up after ", n, " attempts)"));
+      return WithMessage(status,
+                         absl::StrCat(status.message(), " (gave up after ", n, " attempts)"));
     }
     PauseBeforeRetry(delay);
   }

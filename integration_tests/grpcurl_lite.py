@@ -16,8 +16,9 @@ prints responses exactly as grpcurl 1.9.1 does (message_to_json). Unary, server-
 client-streaming and bidirectional methods are supported; `-d` may hold several JSON objects
 (one request each, for client streams). Output and exit codes follow grpcurl's: each response as
 JSON indented by two spaces with proto field names ("resource_version"), one after the other
-for a stream; on an RPC error "ERROR:\\n  Code: NotFound\\n  Message: ..." on stderr and exit
-code 64 + the gRPC status code; other failures exit 1, usage errors 2.
+for a stream; on an RPC error "ERROR:\\n  Code: NotFound\\n  Message: ..." (and, when the status
+carries details, "  Details:" and each one as JSON, as grpcurl) on stderr and exit code 64 + the
+gRPC status code; other failures exit 1, usage errors 2.
 
 Also importable: Client is the machinery (used by reflection_test.py).
 
@@ -190,7 +191,7 @@ def json_values_from_text(text):
     return list(iter_json_values(lambda: chunks.pop() if chunks else ""))
 
 
-def message_to_json(message, emit_defaults=False):
+def message_to_json(message, emit_defaults=False, resolve=None):
     """A message as grpcurl 1.9.1 prints it, byte for byte (without the trailing newline).
 
     grpcurl marshals with golang/protobuf's jsonpb (OrigName: proto field names such as
@@ -199,9 +200,12 @@ def message_to_json(message, emit_defaults=False):
     emit_defaults, as grpcurl's -emit-defaults: their zero values, null for messages), int64
     and uint64 as strings, enums by name, map keys (and so Struct keys) sorted, bytes in base64,
     floats as Go's encoding/json writes them (3, not 3.0), strings escaped as Go escapes them
-    (<, >, & and U+2028/U+2029 as \\u escapes, other non-ASCII text as is).
+    (<, >, & and U+2028/U+2029 as \\u escapes, other non-ASCII text as is). A
+    google.protobuf.Any is printed as grpcurl's resolver does: {"@type": URL, then the fields of
+    the message}, where resolve(full_name) gives the message's descriptor (Client.find_message),
+    else {"@type", "@error", "@value": the bytes in base64}.
     """
-    return _go_json(_message_value(message, emit_defaults))
+    return _go_json(_message_value(message, emit_defaults, resolve))
 
 
 _INT64_TYPES = (descriptor.FieldDescriptor.TYPE_INT64, descriptor.FieldDescriptor.TYPE_UINT64,
@@ -221,7 +225,7 @@ class _GoFloat(float):
         return self
 
 
-def _message_value(message, emit_defaults):
+def _message_value(message, emit_defaults, resolve=None):
     """A message as a JSON-like value, in jsonpb's field order, for _go_json."""
     desc = message.DESCRIPTOR
     name = desc.full_name
@@ -230,10 +234,10 @@ def _message_value(message, emit_defaults):
     if name in ("google.protobuf.Timestamp", "google.protobuf.Duration"):
         return message.ToJsonString()  # 0, 3, 6 or 9 fractional digits, as jsonpb.
     if name == "google.protobuf.Struct":
-        return {k: _message_value(message.fields[k], emit_defaults)
+        return {k: _message_value(message.fields[k], emit_defaults, resolve)
                 for k in sorted(message.fields)}
     if name == "google.protobuf.ListValue":
-        return [_message_value(v, emit_defaults) for v in message.values]
+        return [_message_value(v, emit_defaults, resolve) for v in message.values]
     if name == "google.protobuf.Value":
         kind = message.WhichOneof("kind")
         if kind is None or kind == "null_value":
@@ -241,15 +245,16 @@ def _message_value(message, emit_defaults):
         if kind == "number_value":
             return _GoFloat(message.number_value, 64)
         if kind in ("struct_value", "list_value"):
-            return _message_value(getattr(message, kind), emit_defaults)
+            return _message_value(getattr(message, kind), emit_defaults, resolve)
         return getattr(message, kind)
     if name == "google.protobuf.Any":
-        return json_format.MessageToDict(message, preserving_proto_field_name=True)
+        return _any_value(message, emit_defaults, resolve)
     present = {field.name for field, _ in message.ListFields()}
     value = {}
     for field in desc.fields:  # Declaration order, as jsonpb.
         if field.name in present:
-            value[field.name] = _field_value(field, getattr(message, field.name), emit_defaults)
+            value[field.name] = _field_value(field, getattr(message, field.name), emit_defaults,
+                                             resolve)
         elif emit_defaults and field.containing_oneof is None:
             if field.label == field.LABEL_REPEATED:
                 value[field.name] = {} if _is_map(field) else []
@@ -260,21 +265,45 @@ def _message_value(message, emit_defaults):
     return value
 
 
+def _any_value(message, emit_defaults, resolve):
+    """An Any as grpcurl prints it (its anyResolverWithFallback, then jsonpb)."""
+    type_name = message.type_url.rsplit("/", 1)[-1]
+    desc = resolve(type_name) if resolve is not None else None
+    if desc is None:
+        return {"@type": message.type_url,
+                "@error": "%s is not recognized; see @value for raw binary message data" %
+                          type_name,
+                "@value": base64.b64encode(message.value).decode("ascii")}
+    inner = message_factory_class(desc)()
+    inner.ParseFromString(message.value)
+    value = {"@type": message.type_url}
+    value.update(_message_value(inner, emit_defaults, resolve))
+    return value
+
+
+def message_factory_class(desc):
+    """The Python class of a message descriptor, from whichever pool holds it."""
+    get = getattr(message_factory, "GetMessageClass", None)
+    if get is not None:
+        return get(desc)
+    return message_factory.MessageFactory(desc.file.pool).GetPrototype(desc)
+
+
 def _is_map(field):
     return (field.message_type is not None and field.label == field.LABEL_REPEATED and
             field.message_type.GetOptions().map_entry)
 
 
-def _field_value(field, value, emit_defaults):
+def _field_value(field, value, emit_defaults, resolve=None):
     if _is_map(field):
         key_field = field.message_type.fields_by_name["key"]
         value_field = field.message_type.fields_by_name["value"]
         keys = sorted(value)
-        return {_map_key(key_field, k): _singular_value(value_field, value[k], emit_defaults)
-                for k in keys}
+        return {_map_key(key_field, k):
+                _singular_value(value_field, value[k], emit_defaults, resolve) for k in keys}
     if field.label == field.LABEL_REPEATED:
-        return [_singular_value(field, v, emit_defaults) for v in value]
-    return _singular_value(field, value, emit_defaults)
+        return [_singular_value(field, v, emit_defaults, resolve) for v in value]
+    return _singular_value(field, value, emit_defaults, resolve)
 
 
 def _map_key(field, key):
@@ -283,9 +312,9 @@ def _map_key(field, key):
     return str(key)
 
 
-def _singular_value(field, value, emit_defaults):
+def _singular_value(field, value, emit_defaults, resolve=None):
     if field.message_type is not None:
-        return _message_value(value, emit_defaults)
+        return _message_value(value, emit_defaults, resolve)
     if field.enum_type is not None:
         if field.enum_type.full_name == "google.protobuf.NullValue":
             return None
@@ -685,13 +714,17 @@ class Client:
         """The Python class of a message descriptor from this client's pool."""
         cls = self._classes.get(desc.full_name)
         if cls is None:
-            get = getattr(message_factory, "GetMessageClass", None)
-            if get is not None:
-                cls = get(desc)
-            else:
-                cls = message_factory.MessageFactory(self.pool).GetPrototype(desc)
+            cls = message_factory_class(desc)
             self._classes[desc.full_name] = cls
         return cls
+
+    def find_message(self, name):
+        """The descriptor of message `name` via reflection, or None (for message_to_json)."""
+        try:
+            desc = self.resolve(name)
+        except (Error, grpc.RpcError):
+            return None
+        return desc if isinstance(desc, descriptor.Descriptor) else None
 
     def parse(self, desc, value):
         """A message of type desc from a JSON value (dict) or JSON text."""
@@ -871,8 +904,59 @@ def _metadata(headers):
     return metadata
 
 
-def print_status(error, out=sys.stderr):
+def _status_details(error):
+    """The details (google.protobuf.Any messages) of the google.rpc.Status that the server sent
+    in the grpc-status-details-bin trailer; [] when there is none."""
+    trailers = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
+    for key, value in trailers or ():
+        if key == "grpc-status-details-bin":
+            return list(_rpc_status_class().FromString(value).details)
+    return []
+
+
+_RPC_STATUS_CLASS = []
+
+
+def _rpc_status_class():
+    """google.rpc.Status (code 1, message 2, details 3), as grpcurl has it compiled in."""
+    if not _RPC_STATUS_CLASS:
+        from google.protobuf import any_pb2  # pylint: disable=import-outside-toplevel
+        pool = descriptor_pool.DescriptorPool()
+        pool.AddSerializedFile(any_pb2.DESCRIPTOR.serialized_pb)
+        proto = descriptor_pb2.FileDescriptorProto(
+            name="grpcurl_lite/google/rpc/status.proto", package="google.rpc",
+            syntax="proto3", dependency=["google/protobuf/any.proto"])
+        message = proto.message_type.add(name="Status")
+        message.field.add(name="code", number=1,
+                          type=descriptor_pb2.FieldDescriptorProto.TYPE_INT32,
+                          label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
+        message.field.add(name="message", number=2,
+                          type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
+                          label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
+        message.field.add(name="details", number=3,
+                          type=descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE,
+                          type_name=".google.protobuf.Any",
+                          label=descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED)
+        pool.AddSerializedFile(proto.SerializeToString())
+        _RPC_STATUS_CLASS.append(message_factory_class(pool.FindMessageTypeByName(
+            "google.rpc.Status")))
+    return _RPC_STATUS_CLASS[0]
+
+
+def print_status(error, out=sys.stderr, client=None):
+    """The error as grpcurl's PrintStatus: code, message and each detail (as JSON, its types
+    resolved through the client's reflection)."""
     out.write("ERROR:\n  Code: %s\n  Message: %s\n" % (code_name(error.code()), error.details()))
+    details = _status_details(error)
+    if details:
+        out.write("  Details:\n")
+        resolve = client.find_message if client is not None else None
+        for i, detail in enumerate(details):
+            prefix = "  %d)" % (i + 1)
+            lines = message_to_json(detail, resolve=resolve).split("\n")
+            out.write("%s\t%s\n" % (prefix, lines[0]))
+            for line in lines[1:]:
+                out.write("%s\t%s\n" % (" " * len(prefix), line))
     out.flush()
 
 
@@ -951,7 +1035,7 @@ def main(argv=None):
             return 0
         return _invoke(client, verb, flags)
     except grpc.RpcError as e:
-        print_status(e)
+        print_status(e, client=client)
         return STATUS_CODE_OFFSET + e.code().value[0]
     except Error as e:
         sys.stdout.flush()
@@ -981,7 +1065,7 @@ def _invoke(client, method_name, flags):
     emit_defaults = bool(flags.get("emit-defaults"))
     try:
         for response in client.invoke(method_name, requests):
-            sys.stdout.write(message_to_json(response, emit_defaults) + "\n")
+            sys.stdout.write(message_to_json(response, emit_defaults, client.find_message) + "\n")
             sys.stdout.flush()
     except Error as e:
         raise Error('Error invoking method "%s": %s' % (method_name, e))

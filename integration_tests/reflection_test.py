@@ -452,6 +452,65 @@ class ReflectionTest(unittest.TestCase):
         self.assertEqual(cli.returncode, 1)
         self.assertIn("error getting request data", cli.stderr)
 
+    def test_FencedError_PrintsItsDetailsAsGrpcurl(self):
+        # grpcurl 1.9.1's PrintStatus: after the message, "  Details:" and each detail of the
+        # grpc-status-details-bin trailer as JSON, its type resolved through reflection, the
+        # first line after "  1)\t" and the others after "    \t".
+        claim = ["-plaintext", "-max-time", "10", "-d",
+                 '{"fence": {"shard": "fence-test", "epoch": "3"}}', self.server.address,
+                 "shardcache.v1.Store/ClaimEpoch"]
+        cli = run_grpcurl_lite(claim)
+        self.assertEqual(cli.returncode, 0, cli.stderr)
+        claim[4] = '{"fence": {"shard": "fence-test", "epoch": "2"}}'
+        cli = run_grpcurl_lite(claim)
+        self.assertEqual(cli.returncode, 64 + 9, cli.stderr)
+        self.assertEqual(cli.stderr, """ERROR:
+  Code: FailedPrecondition
+  Message: fenced: shard "fence-test" is at epoch 3 and this claim carries epoch 2 (a newer \
+leader holds the shard)
+  Details:
+  1)\t{
+    \t  "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+    \t  "reason": "FENCED",
+    \t  "domain": "shardcache.io",
+    \t  "metadata": {
+    \t    "epoch": "3",
+    \t    "requestEpoch": "2",
+    \t    "shard": "fence-test"
+    \t  }
+    \t}
+""")
+        # A Write stream answers a fenced write with the same details in the answer.
+        # (A built-in resource: the other cases expect to create the widgets definition.)
+        write = json.dumps({"id": "1", "create": {
+            "resource": {"group": "coordination.shardcache.io", "version": "v1",
+                         "resource": "leases"},
+            "object": {"metadata": {"cluster": "root:org", "namespace": "default",
+                                    "name": "fenced-out"}},
+            "fence": {"shard": "fence-test", "epoch": "1"}}})
+        cli = run_grpcurl_lite(["-plaintext", "-max-time", "10", "-d", write,
+                                self.server.address, "shardcache.v1.Store/Write"])
+        self.assertEqual(cli.returncode, 0, cli.stderr)
+        self.assertEqual(cli.stdout, """{
+  "id": "1",
+  "code": 9,
+  "message": "fenced: shard \\"fence-test\\" is at epoch 3 and this write carries epoch 1 \
+(a newer leader holds the shard)",
+  "details": [
+    {
+      "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+      "reason": "FENCED",
+      "domain": "shardcache.io",
+      "metadata": {
+        "epoch": "3",
+        "requestEpoch": "1",
+        "shard": "fence-test"
+      }
+    }
+  ]
+}
+""")
+
 
 # ----------------------------------------------------------------------------------------------
 # README.md's examples.

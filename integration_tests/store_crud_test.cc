@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/error_info.h"
 #include "common/grpc_status.h"
 #include "common/testing/status_matchers.h"
 #include "integration_tests/store_fixture.h"
@@ -22,6 +23,7 @@ using google::protobuf::util::MessageDifferencer;
 using google::protobuf::util::TimeUtil;
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
+using ::testing::StartsWith;
 
 constexpr char kUuidRegex[] = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}";
 
@@ -764,6 +766,59 @@ TEST_F(StoreCrudTest, Fencing_LowerEpochIsRejectedAndChangesNothing) {
   // A fenced-out write did not lower the epoch it was refused against.
   *update.mutable_fence() = Fence("a", 2);
   EXPECT_THAT(UpdateWith(update), StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+// A fenced answer says so in a form a program reads: a google.rpc.ErrorInfo (reason FENCED) in
+// the status details of a unary call and of a Write stream answer, while the message stays the
+// human one; a refusal for another reason carries no such detail.
+TEST_F(StoreCrudTest, Fencing_RejectionCarriesErrorInfoFenced) {
+  StartServer({"--role=shard"});
+  Define("example.com", "widgets", "Namespaced");
+  v1::ClaimEpochRequest claim;
+  *claim.mutable_fence() = Fence("a", 5);
+  v1::ClaimEpochResponse claimed;
+  ASSERT_TRUE(stub_->ClaimEpoch(Context().get(), claim, &claimed).ok());
+
+  v1::CreateRequest create;
+  *create.mutable_resource() = Widgets();
+  *create.mutable_object() = Widget("ns1", "w1", R"({"n":1})");
+  *create.mutable_fence() = Fence("a", 4);
+  v1::Object out;
+  grpc::Status unary = stub_->Create(Context().get(), create, &out);
+  EXPECT_EQ(unary.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(unary.error_message(), StartsWith("fenced: shard \"a\" is at epoch 5"));
+  EXPECT_TRUE(IsFenced(unary)) << "no ErrorInfo FENCED in the status details";
+  google::rpc::Status details;
+  ASSERT_TRUE(details.ParseFromString(unary.error_details()));
+  ASSERT_EQ(details.details_size(), 1);
+  google::rpc::ErrorInfo info;
+  ASSERT_TRUE(details.details(0).UnpackTo(&info));
+  EXPECT_EQ(info.reason(), "FENCED");
+  EXPECT_EQ(info.domain(), "shardcache.io");
+  EXPECT_EQ(info.metadata().at("shard"), "a");
+  EXPECT_EQ(info.metadata().at("epoch"), "5");
+  EXPECT_EQ(info.metadata().at("requestEpoch"), "4");
+
+  *claim.mutable_fence() = Fence("a", 3);
+  EXPECT_TRUE(IsFenced(stub_->ClaimEpoch(Context().get(), claim, &claimed)));
+
+  StreamResult streamed = WriteAll({[&] {
+    v1::WriteRequest w;
+    w.set_id(1);
+    *w.mutable_create() = create;
+    return w;
+  }()});
+  ASSERT_EQ(streamed.answers.size(), 1u);
+  EXPECT_THAT(streamed.answers[0].message(), StartsWith("fenced:"));
+  EXPECT_TRUE(IsFenced(WriteAnswerStatus(streamed.answers[0])));
+
+  // Not fenced: another reason, no ErrorInfo.
+  create.clear_fence();
+  create.mutable_object()->mutable_metadata()->set_name("Not_A_Name");
+  unary = stub_->Create(Context().get(), create, &out);
+  EXPECT_EQ(unary.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_FALSE(IsFenced(unary));
+  EXPECT_TRUE(unary.error_details().empty());
 }
 
 // ---- Resource definitions ----

@@ -4,8 +4,9 @@
 
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/error_info.h"
+#include "common/grpc_status.h"
 
 namespace shardcache {
 namespace {
@@ -103,15 +104,12 @@ void CacheWriter::MarkUnavailableLocked(const absl::Status& why) {
 }
 
 void CacheWriter::Answered(int64_t generation, const Done& done, const v1::WriteResponse& answer) {
-  absl::Status status =
-      answer.code() == 0
-          ? absl::OkStatus()
-          : absl::Status(static_cast<absl::StatusCode>(answer.code()), answer.message());
+  absl::Status status = WriteAnswerStatus(answer);
   if (!status.ok()) {
     if (options_.metrics != nullptr) {
       options_.metrics->WriteFailed(absl::StatusCodeToString(status.code()));
     }
-    if (absl::IsFailedPrecondition(status) && absl::StartsWith(status.message(), "fenced")) {
+    if (IsFenced(status)) {
       if (options_.metrics != nullptr) options_.metrics->fenced.Increment();
       if (!fenced_reported_.exchange(true) && options_.on_fenced) options_.on_fenced(status);
     }

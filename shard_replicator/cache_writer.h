@@ -25,9 +25,8 @@
 // - After Stop() returns, no write is sent, Stopped() is true, every Write fails with CANCELLED,
 //   and WhenAvailable callbacks not yet run are dropped. Callers tell "the term ended" from
 //   Stopped(), not from a status code.
-// - An answer FAILED_PRECONDITION whose message starts with "fenced" (a newer leader claimed a
-//   higher epoch for the shard) calls Options::on_fenced once per writer, and counts in
-//   ReplicatorMetrics::fenced.
+// - An answer that IsFenced (common/error_info.h: a newer leader claimed a higher epoch for the
+//   shard) calls Options::on_fenced once per writer, and counts in ReplicatorMetrics::fenced.
 //
 // Threads: every method may be called from any thread, concurrently (Write blocks while the
 // window is full, or up to connect_timeout while the first stream connects). `done`, on_fenced

@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <optional>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/error_info.h"
 #include "common/object_key.h"
 #include "common/status_macros.h"
 
@@ -190,8 +190,7 @@ absl::StatusOr<v1::Object> CcrController::WriteShardStore(const v1::UpdateReques
 }
 
 void CcrController::CheckFenced(const absl::Status& status) {
-  if (absl::IsFailedPrecondition(status) && absl::StartsWith(status.message(), "fenced") &&
-      options_.on_fenced) {
+  if (IsFenced(status) && options_.on_fenced) {
     options_.on_fenced(status);
   }
 }
@@ -213,7 +212,7 @@ ObjectRef CcrController::EarlierDuplicate(const v1::Object& ccr, const CcrSpec& 
       continue;
     }
     absl::StatusOr<CcrSpec> other = ParseCcrSpec(*o, nullptr);
-    if (!other.ok() || GroupResourceKey(other->resource) != GroupResourceKey(spec.resource)) {
+    if (!other.ok() || GroupResource(other->resource) != GroupResource(spec.resource)) {
       continue;
     }
     if (first == nullptr || CreatedBefore(*o, *first)) first = o;
@@ -363,10 +362,10 @@ CcrController::Next CcrController::Reconcile(const std::string& key) {
     state.valid_message = invalid.message;
   } else if (duplicate_of != nullptr) {
     state.valid_reason = "DuplicateResource";
-    state.valid_message = absl::StrCat("clustercachedresource \"", duplicate_of->metadata().name(),
-                                       "\" in cluster \"", cluster, "\" already replicates ",
-                                       GroupResourceKey(spec->resource),
-                                       "; only the first one for a resource is used");
+    state.valid_message =
+        absl::StrCat("clustercachedresource \"", duplicate_of->metadata().name(),
+                     "\" in cluster \"", cluster, "\" already replicates ",
+                     GroupResource(spec->resource), "; only the first one for a resource is used");
   } else {
     state.valid_reason = "Valid";
     state.valid_message = absl::StrCat(

@@ -76,7 +76,7 @@ class CcrController {
     std::shared_ptr<SharedInformer> ccrs;
     std::shared_ptr<SharedInformer> cache_ccrs;
     std::shared_ptr<prometheus::Registry> registry;
-    // The shard store rejected a write as fenced.
+    // The shard store rejected a write as fenced (IsFenced, common/error_info.h).
     std::function<void(const absl::Status&)> on_fenced;
   };
 

@@ -2,129 +2,88 @@
 
 #include <google/protobuf/util/message_differencer.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/struct_codec.h"
 #include "common/validation.h"
+#include "shardcache/types/v1/types.pb.h"
 
 namespace shardcache {
 namespace {
 
 using google::protobuf::Struct;
-using google::protobuf::Value;
 using google::protobuf::util::MessageDifferencer;
 
-// A string field of the spec: "" when absent; INVALID_ARGUMENT when not a string.
-absl::StatusOr<std::string> StringField(const Struct& spec, const std::string& name) {
-  auto it = spec.fields().find(name);
-  if (it == spec.fields().end() || it->second.kind_case() == Value::kNullValue) return "";
-  if (it->second.kind_case() != Value::kStringValue) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec.", name, ": Invalid value: must be a string"));
-  }
-  return it->second.string_value();
-}
-
-Value StringValue(const std::string& s) {
-  Value v;
-  v.set_string_value(s);
-  return v;
-}
-
-Value NumberValue(int64_t n) {
-  Value v;
-  v.set_number_value(static_cast<double>(n));
-  return v;
-}
+using types::v1::ClusterCachedResourceStatus;
 
 std::string FormatTransitionTime(absl::Time t) {
   return absl::FormatTime("%Y-%m-%d%ET%H:%M:%SZ", t, absl::UTCTimeZone());
 }
 
-// The condition of type `type` in a status's conditions, or null.
-const Struct* FindCondition(const Struct& status, const std::string& type) {
-  auto it = status.fields().find("conditions");
-  if (it == status.fields().end() || !it->second.has_list_value()) return nullptr;
-  for (const Value& c : it->second.list_value().values()) {
-    if (!c.has_struct_value()) continue;
-    auto t = c.struct_value().fields().find("type");
-    if (t != c.struct_value().fields().end() && t->second.string_value() == type) {
-      return &c.struct_value();
-    }
-  }
-  return nullptr;
+// A stored status, typed; what does not parse is taken as absent (the status is rewritten).
+ClusterCachedResourceStatus ReadStatus(const Struct& status) {
+  StructCodecOptions lenient;
+  lenient.ignore_unknown_fields = true;
+  ClusterCachedResourceStatus out;
+  if (!StructToMessage(status, "status", &out, lenient).ok()) out.Clear();
+  return out;
 }
 
-Value Condition(const std::string& type, bool status, const std::string& reason,
-                const std::string& message, int64_t generation, const Struct& previous,
-                absl::Time now) {
-  std::string status_text = status ? "True" : "False";
-  std::string transition = FormatTransitionTime(now);
-  if (const Struct* old = FindCondition(previous, type)) {
-    auto s = old->fields().find("status");
-    auto t = old->fields().find("lastTransitionTime");
-    if (s != old->fields().end() && s->second.string_value() == status_text &&
-        t != old->fields().end() && t->second.has_string_value()) {
-      transition = t->second.string_value();
+// Sets every field of `fields` in `*into`, keeping the others.
+void SetFields(const Struct& fields, Struct* into) {
+  for (const auto& [name, value] : fields.fields()) (*into->mutable_fields())[name] = value;
+}
+
+types::v1::Condition Condition(const std::string& type, bool status, const std::string& reason,
+                               const std::string& message, int64_t generation,
+                               const ClusterCachedResourceStatus& previous, absl::Time now) {
+  types::v1::Condition c;
+  c.set_type(type);
+  c.set_status(status ? "True" : "False");
+  c.set_reason(reason);
+  c.set_message(message);
+  c.set_last_transition_time(FormatTransitionTime(now));
+  for (const types::v1::Condition& old : previous.conditions()) {
+    if (old.type() != type) continue;
+    // The first condition of the type decides, as apimachinery's FindStatusCondition.
+    if (old.status() == c.status() && old.has_last_transition_time()) {
+      c.set_last_transition_time(old.last_transition_time());
     }
+    break;
   }
-  Value v;
-  auto& f = *v.mutable_struct_value()->mutable_fields();
-  f["type"] = StringValue(type);
-  f["status"] = StringValue(status_text);
-  f["reason"] = StringValue(reason);
-  f["message"] = StringValue(message);
-  f["lastTransitionTime"] = StringValue(transition);
-  f["observedGeneration"] = NumberValue(generation);
-  return v;
+  c.set_observed_generation(generation);
+  return c;
 }
 
 }  // namespace
-
-v1::GroupVersionResource CcrResource() {
-  v1::GroupVersionResource gvr;
-  gvr.set_group("cache.shardcache.io");
-  gvr.set_version("v1alpha1");
-  gvr.set_resource("clustercachedresources");
-  return gvr;
-}
-
-std::string GvrKey(const v1::GroupVersionResource& gvr) {
-  return absl::StrCat(gvr.group(), "/", gvr.version(), "/", gvr.resource());
-}
-
-std::string GroupResourceKey(const v1::GroupVersionResource& gvr) {
-  return absl::StrCat(gvr.group(), "/", gvr.resource());
-}
 
 absl::StatusOr<CcrSpec> ParseCcrSpec(const v1::Object& ccr, CcrInvalid* invalid) {
   auto fail = [invalid](const char* reason, const absl::Status& s) {
     if (invalid != nullptr) *invalid = CcrInvalid{reason, std::string(s.message())};
     return s;
   };
-  const Struct& spec = ccr.spec();
-  CcrSpec out;
-  for (const char* field : {"group", "version", "resource"}) {
-    absl::StatusOr<std::string> value = StringField(spec, field);
-    if (!value.ok()) return fail("InvalidSpec", value.status());
-    if (std::string(field) == "group") out.resource.set_group(*value);
-    if (std::string(field) == "version") out.resource.set_version(*value);
-    if (std::string(field) == "resource") out.resource.set_resource(*value);
+  // Lenient (a CCR may carry fields this version does not know), but the label selector is
+  // strict: a misspelt "matchLabel" must not select everything.
+  types::v1::ClusterCachedResourceSpec spec;
+  StructCodecOptions options;
+  options.ignore_unknown_fields = true;
+  options.strict_messages = {types::v1::LabelSelectorSpec::descriptor(),
+                             types::v1::LabelSelectorRequirement::descriptor()};
+  if (absl::Status s = StructToMessage(ccr.spec(), "spec", &spec, options); !s.ok()) {
+    bool in_selector = absl::StartsWith(s.message(), "spec.labelSelector");
+    return fail(in_selector ? "InvalidLabelSelector" : "InvalidSpec", s);
   }
+  CcrSpec out;
+  out.resource.set_group(spec.group());
+  out.resource.set_version(spec.version());
+  out.resource.set_resource(spec.resource());
   absl::Status gvr = ValidateGroupVersionResource("spec", out.resource);
   if (!gvr.ok()) return fail("InvalidSpec", gvr);
-  auto sel = spec.fields().find("labelSelector");
-  if (sel != spec.fields().end() && sel->second.kind_case() != Value::kNullValue) {
-    if (!sel->second.has_struct_value()) {
-      return fail("InvalidLabelSelector",
-                  absl::InvalidArgumentError(
-                      "spec.labelSelector: Invalid value: must be an object with matchLabels "
-                      "and/or matchExpressions"));
-    }
-    absl::StatusOr<LabelSelector> selector = LabelSelector::FromStruct(sel->second.struct_value());
-    if (!selector.ok()) {
-      return fail("InvalidLabelSelector", absl::InvalidArgumentError(absl::StrCat(
-                                              "spec.labelSelector.", selector.status().message())));
-    }
+  if (spec.has_label_selector()) {
+    absl::StatusOr<LabelSelector> selector =
+        LabelSelector::FromSpec(spec.label_selector(), "spec.labelSelector");
+    if (!selector.ok()) return fail("InvalidLabelSelector", selector.status());
     out.selector = *std::move(selector);
     out.selector_string = out.selector.ToString();
   }
@@ -186,30 +145,29 @@ const char* PhaseName(CcrState::Phase phase) {
 }
 
 Struct CcrStatusStruct(const CcrState& state, const Struct& previous, absl::Time now) {
+  const ClusterCachedResourceStatus old = ReadStatus(previous);
+  ClusterCachedResourceStatus typed;
+  typed.set_phase(PhaseName(state.phase));
+  typed.set_observed_generation(state.generation);
+  *typed.add_conditions() = Condition("ResourceValid", state.valid, state.valid_reason,
+                                      state.valid_message, state.generation, old, now);
+  *typed.add_conditions() = Condition("ReplicationStarted", state.started, state.started_reason,
+                                      state.started_message, state.generation, old, now);
+  *typed.add_conditions() = Condition("Synced", state.synced, state.synced_reason,
+                                      state.synced_message, state.generation, old, now);
+  typed.set_epoch(state.epoch);
+  typed.mutable_resource_counts()->set_local(state.local_count);
+  typed.mutable_resource_counts()->set_cache(state.cache_count);
+  // Over the previous status: its other fields (lastUpdateTime among them) are kept.
   Struct status = previous;
-  auto& f = *status.mutable_fields();
-  f["phase"] = StringValue(PhaseName(state.phase));
-  f["observedGeneration"] = NumberValue(state.generation);
-  Value conditions;
-  auto* list = conditions.mutable_list_value();
-  *list->add_values() = Condition("ResourceValid", state.valid, state.valid_reason,
-                                  state.valid_message, state.generation, previous, now);
-  *list->add_values() = Condition("ReplicationStarted", state.started, state.started_reason,
-                                  state.started_message, state.generation, previous, now);
-  *list->add_values() = Condition("Synced", state.synced, state.synced_reason, state.synced_message,
-                                  state.generation, previous, now);
-  f["conditions"] = std::move(conditions);
-  f["epoch"] = NumberValue(state.epoch);
-  Value counts;
-  auto& c = *counts.mutable_struct_value()->mutable_fields();
-  c["local"] = NumberValue(state.local_count);
-  c["cache"] = NumberValue(state.cache_count);
-  f["resourceCounts"] = std::move(counts);
+  SetFields(MessageToStruct(typed), &status);
   return status;
 }
 
 Struct WithUpdateTime(Struct status, absl::Time now) {
-  (*status.mutable_fields())["lastUpdateTime"] = StringValue(FormatTransitionTime(now));
+  ClusterCachedResourceStatus stamp;
+  stamp.set_last_update_time(FormatTransitionTime(now));
+  SetFields(MessageToStruct(stamp), &status);
   return status;
 }
 

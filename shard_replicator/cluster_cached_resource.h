@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/label_selector.h"
+#include "common/resources.h"
 #include "google/protobuf/struct.pb.h"
 #include "shardcache/v1/store.pb.h"
 
@@ -30,14 +31,6 @@ inline constexpr char kReplicatorFinalizer[] = "cache.shardcache.io/replicator";
 inline constexpr char kOriginalResourceVersionAnnotation[] =
     "cache.shardcache.io/original-resource-version";
 inline constexpr char kOriginalUidAnnotation[] = "cache.shardcache.io/original-uid";
-
-// cache.shardcache.io/v1alpha1 clustercachedresources.
-v1::GroupVersionResource CcrResource();
-
-// "group/version/resource" (the core group: "/version/resource"): a map key.
-std::string GvrKey(const v1::GroupVersionResource& gvr);
-// "group/resource": resources that are the same whatever the version.
-std::string GroupResourceKey(const v1::GroupVersionResource& gvr);
 
 // A CCR's spec, validated.
 struct CcrSpec {
@@ -53,8 +46,9 @@ struct CcrInvalid {
   std::string message;
 };
 
-// Parses and validates a CCR's spec: group (may be empty: the core group), version and resource
-// as in Kubernetes, and an optional metav1.LabelSelector. The error's message names the field
+// Parses and validates a CCR's spec (a types::v1::ClusterCachedResourceSpec read through
+// common/struct_codec.h: unknown fields ignored, but in the label selector): group (may be empty:
+// the core group), version and resource as in Kubernetes, and an optional metav1.LabelSelector. The error's message names the field
 // ("spec.resource: Required value"); `*invalid` (when not null) gets the reason too.
 absl::StatusOr<CcrSpec> ParseCcrSpec(const v1::Object& ccr, CcrInvalid* invalid);
 
@@ -95,7 +89,8 @@ struct CcrState {
 
 const char* PhaseName(CcrState::Phase phase);
 
-// The CCR status for `state`:
+// The CCR status for `state` (a types::v1::ClusterCachedResourceStatus written through
+// common/struct_codec.h, so int64 values are exact):
 //   {"phase": ..., "observedGeneration": N, "epoch": E,
 //    "conditions": [{"type": "ResourceValid", "status": "True"|"False", "reason", "message",
 //                    "lastTransitionTime", "observedGeneration"}, {"type": "ReplicationStarted",

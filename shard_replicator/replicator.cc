@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/error_info.h"
 #include "common/lease_lock.h"
 #include "common/status_macros.h"
 #include "common/validation.h"
@@ -211,7 +212,7 @@ void ShardReplicator::RunTerm(Term* term) {
       term->claim_error = claimed.status();
     }
     if (claimed.ok()) break;
-    if (absl::IsFailedPrecondition(claimed.status())) {
+    if (IsFenced(claimed.status())) {
       spdlog::error("the cache refused epoch {} for shard {}: {}; stopping leading", term->epoch,
                     options_.shard, claimed.status().ToString());
       metrics_.fenced.Increment();

@@ -15,6 +15,7 @@
 #include "common/leader_elector.h"
 #include "common/logging.h"
 #include "common/port_file.h"
+#include "common/server_main.h"
 #include "common/signals.h"
 #include "shard_replicator/replicator.h"
 

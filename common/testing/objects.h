@@ -6,17 +6,14 @@
 
 #include <string>
 
+#include "common/resources.h"
 #include "shardcache/v1/store.pb.h"
 
 namespace shardcache::testing {
 
 inline v1::GroupVersionResource Gvr(const std::string& group, const std::string& version,
                                     const std::string& resource) {
-  v1::GroupVersionResource gvr;
-  gvr.set_group(group);
-  gvr.set_version(version);
-  gvr.set_resource(resource);
-  return gvr;
+  return MakeGvr(group, version, resource);
 }
 
 }  // namespace shardcache::testing

@@ -1,0 +1,47 @@
+#include "common/error_info.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+
+namespace shardcache {
+
+absl::Status WithErrorInfo(absl::Status status, const google::rpc::ErrorInfo& info) {
+  if (status.ok()) return status;
+  status.SetPayload(kErrorInfoTypeUrl, absl::Cord(info.SerializeAsString()));
+  return status;
+}
+
+std::optional<google::rpc::ErrorInfo> GetErrorInfo(const absl::Status& status) {
+  absl::optional<absl::Cord> payload = status.GetPayload(kErrorInfoTypeUrl);
+  if (!payload.has_value()) return std::nullopt;
+  google::rpc::ErrorInfo info;
+  if (!info.ParseFromString(std::string(*payload))) return std::nullopt;
+  return info;
+}
+
+bool HasReason(const absl::Status& status, absl::string_view reason) {
+  std::optional<google::rpc::ErrorInfo> info = GetErrorInfo(status);
+  return info.has_value() && info->domain() == kErrorDomain && info->reason() == reason;
+}
+
+absl::Status FencedError(absl::string_view message, absl::string_view shard, int64_t epoch,
+                         int64_t request_epoch) {
+  google::rpc::ErrorInfo info;
+  info.set_reason(kReasonFenced);
+  info.set_domain(kErrorDomain);
+  auto& metadata = *info.mutable_metadata();
+  metadata["shard"] = std::string(shard);
+  metadata["epoch"] = absl::StrCat(epoch);
+  metadata["requestEpoch"] = absl::StrCat(request_epoch);
+  return WithErrorInfo(absl::FailedPreconditionError(message), info);
+}
+
+bool IsFenced(const absl::Status& status) { return HasReason(status, kReasonFenced); }
+
+bool IsFenced(const grpc::Status& status) { return IsFenced(FromGrpcStatus(status)); }
+
+}  // namespace shardcache
