@@ -297,6 +297,14 @@ int Run(Config config, const std::string& role_name) {
   HttpServer http(registry, [&ready]() {
     return ready.load() ? absl::OkStatus() : absl::UnavailableError("shutting down");
   });
+  if (config.http_tls) {
+    absl::StatusOr<std::shared_ptr<ReloadingKeyPair>> keys = ReloadingKeyPair::Load(config.tls);
+    if (!keys.ok()) {
+      server->Shutdown();
+      return Refuse(keys.status());
+    }
+    http.ServeTls(*std::move(keys));
+  }
   absl::StatusOr<int> http_port = http.Start(config.http_listen);
   if (!http_port.ok()) {
     server->Shutdown();

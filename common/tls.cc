@@ -8,8 +8,10 @@
 #include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
+#include <openssl/ssl.h>
 #include <openssl/x509.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <atomic>
@@ -199,6 +201,89 @@ std::optional<PeerIdentity> PeerIdentityOf(const grpc::AuthContext& auth) {
       IdentityFromPem(absl::string_view(pem[0].data(), pem[0].size()));
   if (!id.ok()) return std::nullopt;
   return *std::move(id);
+}
+
+struct ReloadingKeyPair::Pair {
+  X509Ptr leaf;
+  PkeyPtr key;
+  std::vector<X509Ptr> chain;  // the intermediates after the leaf
+};
+
+namespace {
+
+int64_t ModifiedNanos(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return -1;
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<ReloadingKeyPair>> ReloadingKeyPair::Load(const TlsFiles& files) {
+  std::shared_ptr<ReloadingKeyPair> keys(new ReloadingKeyPair(files));
+  {
+    absl::MutexLock l(&keys->mu_);
+    keys->next_check_ = absl::InfinitePast();  // the first Current reads the files
+    keys->cert_mtime_ = keys->key_mtime_ = -2;
+  }
+  if (keys->Current() == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot load the certificate \"", files.cert_file, "\" and key \"", files.key_file, "\""));
+  }
+  return keys;
+}
+
+ReloadingKeyPair::~ReloadingKeyPair() = default;
+
+std::shared_ptr<const ReloadingKeyPair::Pair> ReloadingKeyPair::Current() {
+  absl::MutexLock l(&mu_);
+  absl::Time now = absl::Now();
+  if (now < next_check_) return pair_;
+  next_check_ = now + files_.reload_interval;
+  int64_t cert_mtime = ModifiedNanos(files_.cert_file);
+  int64_t key_mtime = ModifiedNanos(files_.key_file);
+  if (cert_mtime == cert_mtime_ && key_mtime == key_mtime_) return pair_;
+  // Files are small: read them under the lock (at most once per interval).
+  absl::Status checked = CheckTlsFiles({files_.cert_file, files_.key_file, "", absl::Seconds(1)},
+                                       "certificate", "key", "ca");
+  absl::StatusOr<std::string> cert = ReadFile("certificate", files_.cert_file);
+  absl::StatusOr<std::string> key = ReadFile("key", files_.key_file);
+  if (!checked.ok() || !cert.ok() || !key.ok() || ModifiedNanos(files_.cert_file) != cert_mtime ||
+      ModifiedNanos(files_.key_file) != key_mtime) {
+    spdlog::warn("TLS: keeping the current certificate: the new one does not load yet: {}",
+                 checked.ok() ? "the files changed while being read" : checked.ToString());
+    return pair_;
+  }
+  auto pair = std::make_shared<Pair>();
+  BioPtr cert_bio = MemBio(*cert);
+  pair->leaf.reset(PEM_read_bio_X509(cert_bio.get(), nullptr, nullptr, nullptr));
+  while (X509* next = PEM_read_bio_X509(cert_bio.get(), nullptr, nullptr, nullptr)) {
+    pair->chain.emplace_back(next);
+  }
+  ERR_clear_error();
+  BioPtr key_bio = MemBio(*key);
+  pair->key.reset(PEM_read_bio_PrivateKey(key_bio.get(), nullptr, nullptr, nullptr));
+  if (pair->leaf == nullptr || pair->key == nullptr) return pair_;
+  if (pair_ != nullptr) spdlog::info("TLS: loaded a new certificate from {}", files_.cert_file);
+  pair_ = std::move(pair);
+  cert_mtime_ = cert_mtime;
+  key_mtime_ = key_mtime;
+  return pair_;
+}
+
+void ReloadingKeyPair::Install(void* ssl_ctx) {
+  SSL_CTX_set_cert_cb(
+      static_cast<SSL_CTX*>(ssl_ctx),
+      [](SSL* ssl, void* arg) -> int {
+        std::shared_ptr<const Pair> pair = static_cast<ReloadingKeyPair*>(arg)->Current();
+        if (pair == nullptr) return 0;
+        STACK_OF(X509)* chain = sk_X509_new_null();
+        for (const X509Ptr& c : pair->chain) sk_X509_push(chain, c.get());
+        int ok = SSL_use_cert_and_key(ssl, pair->leaf.get(), pair->key.get(), chain, 1);
+        sk_X509_free(chain);
+        return ok == 1 ? 1 : 0;
+      },
+      this);
 }
 
 void InstallGrpcLogRouting(prometheus::Registry& registry) {

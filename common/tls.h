@@ -33,6 +33,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "prometheus/registry.h"
 
@@ -84,6 +85,40 @@ absl::StatusOr<PeerIdentity> IdentityFromPem(absl::string_view pem);
 // The identity of the peer of a call: its verified client certificate's, or nullopt when the
 // call came over plaintext or without a client certificate.
 std::optional<PeerIdentity> PeerIdentityOf(const grpc::AuthContext& auth);
+
+// A certificate chain and its key for a TLS server that is not gRPC's (the HTTP endpoint, which
+// cpp-httplib serves over OpenSSL), read again when the files change: each handshake asks for
+// the current pair, and the files' modification times are compared at most once per
+// `reload_interval`. A pair that does not load or whose key does not match its certificate (a
+// rotation half done) is skipped with a warning; the last good one is served meanwhile.
+//
+// Thread-safe: handshakes on any thread call it concurrently.
+class ReloadingKeyPair {
+ public:
+  // Loads files.cert_file and files.key_file (INVALID_ARGUMENT when they do not load).
+  static absl::StatusOr<std::shared_ptr<ReloadingKeyPair>> Load(const TlsFiles& files);
+  ~ReloadingKeyPair();
+  ReloadingKeyPair(const ReloadingKeyPair&) = delete;
+  ReloadingKeyPair& operator=(const ReloadingKeyPair&) = delete;
+
+  // Makes every handshake of `ctx` (an OpenSSL SSL_CTX*) use the current pair. The pair must
+  // outlive `ctx`.
+  void Install(void* ssl_ctx);
+
+ private:
+  struct Pair;
+  explicit ReloadingKeyPair(TlsFiles files) : files_(std::move(files)) {}
+  // The current pair, reloaded first when the files changed and the interval has passed.
+  std::shared_ptr<const Pair> Current() ABSL_LOCKS_EXCLUDED(mu_);
+
+  const TlsFiles files_;
+  absl::Mutex mu_;
+  std::shared_ptr<const Pair> pair_ ABSL_GUARDED_BY(mu_);
+  absl::Time next_check_ ABSL_GUARDED_BY(mu_);
+  // The files' modification times when pair_ was read (nanoseconds).
+  int64_t cert_mtime_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t key_mtime_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 // Routes gRPC's log lines to spdlog (gRPC errors as warnings: gRPC logs transport failures, which
 // clients retry, at its error level) and, from then on, counts failed server-side TLS handshakes

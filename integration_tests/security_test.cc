@@ -9,10 +9,12 @@
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/testing/wait.h"
 #include "integration_tests/refuse_to_start.h"
@@ -42,6 +44,21 @@ v1::Fence Fence(const std::string& shard, int64_t epoch) {
   f.set_shard(shard);
   f.set_epoch(epoch);
   return f;
+}
+
+// The certificate an HTTPS server on 127.0.0.1:port presents, as PEM ("" when none), read with
+// openssl s_client.
+std::string HttpsCertificate(int port) {
+  std::string command = absl::StrCat("openssl s_client -connect 127.0.0.1:", port,
+                                     " </dev/null 2>/dev/null | openssl x509 2>/dev/null");
+  FILE* p = popen(command.c_str(), "r");
+  if (p == nullptr) return "";
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  pclose(p);
+  return out;
 }
 
 std::string ReadFile(const std::string& path) {
@@ -429,6 +446,37 @@ TEST_F(SecurityTest, RotatedServerCertificateServedToNewConnectionsWhileOldStrea
   ASSERT_TRUE(event.has_value());
   EXPECT_EQ(event->object().metadata().name(), "after-rotation");
   EXPECT_FALSE(old_stream.WaitForEnd(absl::ZeroDuration()).has_value());
+}
+
+TEST_F(SecurityTest, HttpEndpointOverTlsWithRotation) {
+  absl::StatusOr<TestCertificates> mine = TestCertificates::Make({"a"}, 30, certs().dir());
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  std::vector<std::string> args = mine->ServerArgs();
+  args.insert(args.end(), {"--role=cache", "--http-tls"});
+  cache_.process =
+      std::make_unique<ServerProcess>(BinaryPath("cache_server/cache_server"), std::move(args));
+  ASSERT_NO_FATAL_FAILURE(RestartStore(&cache_));
+  const int port = cache_.process->http_port();
+
+  httplib::SSLClient client("127.0.0.1", port);
+  client.set_ca_cert_path(mine->Path("ca.crt").c_str());
+  client.enable_server_certificate_verification(true);
+  httplib::Result healthz = client.Get("/healthz");
+  ASSERT_TRUE(healthz) << httplib::to_string(healthz.error());
+  EXPECT_EQ(healthz->status, 200);
+  httplib::Result metrics = client.Get("/metrics");
+  ASSERT_TRUE(metrics) << httplib::to_string(metrics.error());
+  EXPECT_NE(metrics->body.find("shardcache_tls_handshake_failures_total"), std::string::npos);
+  // Plain HTTP gets no page.
+  EXPECT_FALSE(absl::StartsWith(HttpGet(port, "/healthz"), "200"));
+
+  const std::string old_pem = ReadFile(mine->Path("server.crt"));
+  EXPECT_EQ(HttpsCertificate(port), old_pem);
+  ASSERT_TRUE(mine->Renew().ok());
+  const std::string new_pem = ReadFile(mine->Path("server.crt"));
+  ASSERT_NE(new_pem, old_pem);
+  EXPECT_TRUE(Eventually([&] { return HttpsCertificate(port) == new_pem; },
+                         "the HTTPS endpoint serves the new certificate"));
 }
 
 TEST_F(SecurityTest, BadTlsFlagsAreRefused) {

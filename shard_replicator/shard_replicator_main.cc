@@ -70,6 +70,10 @@ ABSL_FLAG(std::string, shard_store_key_file, "", "PEM private key of --shard-sto
 ABSL_FLAG(absl::Duration, tls_reload_interval, absl::Seconds(10),
           "how often the CA, certificate and key files are read again; a changed file is used "
           "for the connections made after that, without a restart (at least 1s)");
+ABSL_FLAG(std::string, http_tls_cert_file, "",
+          "PEM certificate (chain): with --http-tls-key-file, /metrics, /healthz and /readyz are "
+          "served over HTTPS (reloaded on change, as the other files)");
+ABSL_FLAG(std::string, http_tls_key_file, "", "PEM private key of --http-tls-cert-file");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off");
 
 namespace shardcache {
@@ -151,6 +155,11 @@ int Run() {
     tls = CheckTlsFiles(shard_tls, "--shard-store-cert-file", "--shard-store-key-file",
                         "--shard-store-ca-file");
   }
+  TlsFiles http_tls{absl::GetFlag(FLAGS_http_tls_cert_file), absl::GetFlag(FLAGS_http_tls_key_file),
+                    "", absl::GetFlag(FLAGS_tls_reload_interval)};
+  if (tls.ok()) {
+    tls = CheckTlsFiles(http_tls, "--http-tls-cert-file", "--http-tls-key-file", "");
+  }
   if (!tls.ok()) return Refuse(tls);
   if (cache_tls.client_enabled() || shard_tls.client_enabled()) {
     InstallGrpcLogRouting(*registry);
@@ -177,6 +186,11 @@ int Run() {
     if (stopping.load()) return absl::UnavailableError("shutting down");
     return raw->Ready();
   });
+  if (http_tls.server_enabled()) {
+    absl::StatusOr<std::shared_ptr<ReloadingKeyPair>> keys = ReloadingKeyPair::Load(http_tls);
+    if (!keys.ok()) return Refuse(keys.status());
+    http.ServeTls(*std::move(keys));
+  }
   absl::StatusOr<int> http_port = http.Start(http_listen);
   if (!http_port.ok()) return Refuse(http_port.status());
   std::string port_file = absl::GetFlag(FLAGS_port_file);
