@@ -479,6 +479,39 @@ TEST_F(SecurityTest, HttpEndpointOverTlsWithRotation) {
                          "the HTTPS endpoint serves the new certificate"));
 }
 
+TEST_F(SecurityTest, ServerWhoseCertificateDoesNotNameItIsRefused) {
+  // A certificate of the right CA that names another host: "cache" only.
+  absl::StatusOr<TestCertificates> other_name = TestCertificates::Make({"a"}, 30, certs().dir());
+  ASSERT_TRUE(other_name.ok()) << other_name.status();
+  std::string dir = other_name->dir();
+  ASSERT_EQ(std::system(absl::StrCat("cd '", dir,
+                                     "' && openssl req -new -key server.key -subj /CN=cache "
+                                     "-out n.csr 2>/dev/null && printf "
+                                     "'subjectAltName=DNS:cache\\nextendedKeyUsage=serverAuth\\n' "
+                                     ">n.ext && openssl x509 -req -in n.csr -CA ca.crt -CAkey "
+                                     "ca.key -CAcreateserial -days 30 -extfile n.ext -out "
+                                     "server.crt 2>/dev/null")
+                            .c_str()),
+            0);
+  std::vector<std::string> args = other_name->ServerArgs();
+  args.push_back("--role=cache");
+  ServerProcess server(BinaryPath("cache_server/cache_server"), args);
+  ASSERT_TRUE(server.Start().ok());
+  auto stub =
+      v1::Store::NewStub(grpc::CreateChannel(server.grpc_address(), certs().Credentials("admin")));
+  v1::ListRequest list;
+  *list.mutable_resource() = WidgetsGvr();
+  v1::ListResponse out;
+  grpc::Status s = stub->List(FailFastContext(absl::Seconds(5)).get(), list, &out);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  // The same server, called by the name its certificate gives, is trusted.
+  grpc::ChannelArguments by_name;
+  by_name.SetSslTargetNameOverride("cache");
+  auto named = v1::Store::NewStub(
+      grpc::CreateCustomChannel(server.grpc_address(), certs().Credentials("admin"), by_name));
+  EXPECT_TRUE(Ok(named->List(Context().get(), list, &out)));
+}
+
 TEST_F(SecurityTest, BadTlsFlagsAreRefused) {
   const TestCertificates& c = certs();
   ExpectRefused(RunCacheServer({"--client-ca-file=" + c.Path("ca.crt")}), "--client-ca-file");
