@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -446,6 +447,44 @@ TEST_F(SecurityTest, RotatedServerCertificateServedToNewConnectionsWhileOldStrea
   ASSERT_TRUE(event.has_value());
   EXPECT_EQ(event->object().metadata().name(), "after-rotation");
   EXPECT_FALSE(old_stream.WaitForEnd(absl::ZeroDuration()).has_value());
+}
+
+TEST_F(SecurityTest, ReplicatorPicksUpARenewedClientCertificateWithoutRestart) {
+  ASSERT_NO_FATAL_FAILURE(StartShardStore("a"));
+  ASSERT_NO_FATAL_FAILURE(StartCache());
+  // The replicator starts with an expired certificate of the right CA: both stores refuse it.
+  absl::StatusOr<TestCertificates> mine = TestCertificates::Make({"a"}, -1, certs().dir());
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  std::vector<std::string> args = ReplicatorArgs("a", "replica-0");
+  for (std::string& arg : args) {
+    for (const char* flag : {"cert-file=", "key-file="}) {
+      size_t at = arg.find(flag);
+      if (at == std::string::npos) continue;
+      std::string file = arg.substr(arg.rfind('/') + 1);
+      arg = arg.substr(0, at + strlen(flag)) + mine->Path(file);
+    }
+  }
+  auto replica =
+      std::make_unique<ServerProcess>(BinaryPath("shard_replicator/shard_replicator"), args);
+  ASSERT_TRUE(replica->Start().ok());
+  replicators_.push_back(std::move(replica));
+  ServerProcess* r = replicators_.back().get();
+  const int shard_http = shards_.at("a").process->http_port();
+  EXPECT_TRUE(
+      Eventually([&] { return Metric(shard_http, "shardcache_tls_handshake_failures_total") >= 1; },
+                 "the shard store refuses the expired certificate"));
+  EXPECT_FALSE(absl::StartsWith(HttpGet(r->http_port(), "/readyz"), "200"));
+  EXPECT_NE(Leading(r), 1);
+
+  // Renewed in place: the replicator presents the new certificate on its next connections. A
+  // connection attempt the server refused ends on the client only at gRPC's 20 s connect
+  // timeout, so the next attempt, with the new certificate, can come that much later.
+  ASSERT_TRUE(mine->Renew().ok());
+  EXPECT_TRUE(WaitForLeading(r, 1, absl::Seconds(60)));
+  ASSERT_TRUE(CreateIn(shard("a"), CcrGvr(), Ccr("widgets")).ok());
+  ASSERT_TRUE(CreateIn(shard("a"), WidgetsGvr(), Widget("w1")).ok());
+  EXPECT_TRUE(WaitForReady("widgets", 1));
+  EXPECT_TRUE(WaitForCacheInSync());
 }
 
 TEST_F(SecurityTest, HttpEndpointOverTlsWithRotation) {
