@@ -8,17 +8,20 @@
 // the key matches it, the CA bundle holds a certificate), so that a process with a wrong file
 // refuses to start instead of failing every handshake.
 //
-// Rotation: write the new files beside the old ones and rename them into place (cert, then key,
-// within the same reload interval): gRPC compares the files' modification times before and after
-// reading them, so it never combines a half-written file with the other.
+// Rotation: write the new files beside the old ones and rename them into place, key then
+// certificate (scripts/make-certs.sh --renew does), so that no file is ever read half-written.
+// gRPC reads the pair again when a file changed while it read them; but gRPC 1.51 does not check
+// that the key matches the certificate, so a reload that falls between the two renames serves a
+// mismatched pair, and fails handshakes, until the next reload (ReloadingKeyPair below checks,
+// and keeps the old pair meanwhile).
 //
 // Identity (as Kubernetes' x509 authenticator): user = the certificate's subject CN, groups = its
 // subject O values, in order.
 //
 // Handshake failures (a client with a certificate from another CA, an expired one, a wrong
 // protocol) end before any call, so no service sees them: gRPC 1.51 logs each one and offers no
-// other hook. CountTlsHandshakeFailures routes gRPC's own log lines to spdlog and counts the
-// failed server handshakes among them.
+// other hook. InstallGrpcLogRouting routes gRPC's own log lines to spdlog and counts the failed
+// handshakes among them.
 //
 // Thread-safety: free functions, safe from any thread; InstallGrpcLogRouting once from main.
 #ifndef SHARDCACHE_COMMON_TLS_H_
