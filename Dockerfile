@@ -21,15 +21,16 @@ RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release \
 
 FROM debian:bookworm-slim AS runtime
 # Runtime libraries of gRPC 1.51, Protobuf 3.21, abseil, spdlog, prometheus-cpp, cpp-httplib and
-# RocksDB; curl for the health checks.
+# RocksDB; curl for the health checks; openssl for make-certs.sh (docker-compose's certs service).
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623 libspdlog1.10 libfmt9 \
-      libprometheus-cpp-core1.0 libcpp-httplib0.11 librocksdb7.8 curl \
+      libprometheus-cpp-core1.0 libcpp-httplib0.11 librocksdb7.8 curl openssl \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/ /usr/local/bin/
+COPY scripts/make-certs.sh /usr/local/bin/make-certs.sh
 # Fails the build if a binary needs a library that the list above lacks.
-RUN ! ldd /usr/local/bin/* | grep 'not found'
+RUN ! ldd /usr/local/bin/cache_server /usr/local/bin/shard_replicator | grep 'not found'
 # A fixed uid, so that a bind-mounted data directory can be given to it (README.md, "Running as
 # another user").
 RUN useradd --system --uid 999 --home-dir /var/lib/shardcache shardcache \

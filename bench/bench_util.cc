@@ -166,12 +166,25 @@ double CoresUsed(const ProcStats& before, const ProcStats& after, double seconds
   return (after.cpu_seconds - before.cpu_seconds) / seconds;
 }
 
+namespace {
+std::shared_ptr<grpc::ChannelCredentials>& ChannelCredentials() {
+  static auto* credentials = new std::shared_ptr<grpc::ChannelCredentials>();
+  return *credentials;
+}
+}  // namespace
+
+void SetChannelCredentials(std::shared_ptr<grpc::ChannelCredentials> credentials) {
+  ChannelCredentials() = std::move(credentials);
+}
+
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, int index) {
   grpc::ChannelArguments args;
   // Distinct arguments keep gRPC from sharing one connection between the channels.
   args.SetInt("shardcache.bench.channel", index);
   args.SetMaxReceiveMessageSize(16 << 20);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = ChannelCredentials();
+  return grpc::CreateCustomChannel(
+      target, credentials != nullptr ? credentials : grpc::InsecureChannelCredentials(), args);
 }
 
 v1::GroupVersionResource BenchResource() {

@@ -63,8 +63,11 @@ BusiestThread FindBusiestThread(pid_t pid, const std::map<pid_t, double>& before
 // CPU cores that a process used on average between two readings taken `seconds` apart.
 double CoresUsed(const ProcStats& before, const ProcStats& after, double seconds);
 
-// A channel to `target` that shares no connection with channels of other `index`es.
+// A channel to `target` that shares no connection with channels of other `index`es, over the
+// credentials of SetChannelCredentials (plaintext unless set).
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, int index);
+// The credentials MakeChannel uses from now on (null: plaintext). Call before the load starts.
+void SetChannelCredentials(std::shared_ptr<grpc::ChannelCredentials> credentials);
 
 // The resource every benchmark object belongs to (the cache role serves any resource).
 v1::GroupVersionResource BenchResource();

@@ -65,7 +65,9 @@
 #include "bench/watch_load.h"
 #include "bench/write_load.h"
 #include "common/flags.h"
+#include "common/status_macros.h"
 #include "common/testing/server_process.h"
+#include "common/tls.h"
 #include "shardcache/v1/store.grpc.pb.h"
 
 ABSL_FLAG(std::string, mode, "write",
@@ -79,6 +81,10 @@ ABSL_FLAG(std::string, server, "", "the cache_server binary to start (default: t
 ABSL_FLAG(std::string, server_args, "",
           "extra flags for the started server, separated by spaces (or commas before \"--\"), "
           "e.g. --server-args=\"--sync=false --history-events=1000\"");
+ABSL_FLAG(std::string, tls_certs, "",
+          "a directory made by scripts/make-certs.sh: the cache_servers started serve gRPC over "
+          "TLS with client certificates and the authorization policy, and the load connects as "
+          "its admin (cache_server targets only, not etcd)");
 ABSL_FLAG(bool, keep_data, false,
           "keep each started server's data directory instead of removing it when the server stops");
 ABSL_FLAG(int, server_pid, -1, "with --target: the server's pid, for its /proc readings");
@@ -257,6 +263,14 @@ absl::StatusOr<Options> OptionsFromFlags() {
   o.server = absl::GetFlag(FLAGS_server);
   if (o.server.empty()) o.server = testing::BinaryPath("cache_server/cache_server");
   o.server_args = SplitServerArgs(absl::GetFlag(FLAGS_server_args));
+  if (std::string certs = absl::GetFlag(FLAGS_tls_certs); !certs.empty()) {
+    o.server_args.insert(o.server_args.end(), {"--tls-cert-file=" + certs + "/server.crt",
+                                               "--tls-key-file=" + certs + "/server.key",
+                                               "--client-ca-file=" + certs + "/ca.crt"});
+    TlsFiles admin{certs + "/admin.crt", certs + "/admin.key", certs + "/ca.crt"};
+    RETURN_IF_ERROR(CheckTlsFiles(admin, "--tls-certs", "--tls-certs", "--tls-certs"));
+    SetChannelCredentials(MakeChannelCredentials(admin));
+  }
   o.keep_data = absl::GetFlag(FLAGS_keep_data);
   o.server_pid = absl::GetFlag(FLAGS_server_pid);
   o.fresh_server = absl::GetFlag(FLAGS_fresh_server);

@@ -10,11 +10,14 @@
 
 #include <atomic>
 #include <cstdio>
+#include <optional>
 #include <utility>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "cache_server/authorizer.h"
 #include "cache_server/object_store.h"
 #include "cache_server/rocksdb_storage.h"
 #include "cache_server/store_metrics.h"
@@ -26,6 +29,8 @@
 #include "common/port_file.h"
 #include "common/server_main.h"
 #include "common/signals.h"
+#include "common/status_macros.h"
+#include "common/tls.h"
 #include "prometheus/gauge.h"
 #include "prometheus/registry.h"
 
@@ -67,6 +72,33 @@ ABSL_FLAG(absl::Duration, keepalive_min_client_interval, absl::Seconds(5),
           "the shortest interval between a client's keepalive pings that the server accepts "
           "(clients that ping more often are told to go away); at most the clients' "
           "--keepalive-time");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM certificate (chain) that gRPC serves; with --tls-key-file, gRPC is served over TLS "
+          "only. Reloaded when the file changes (see --tls-reload-interval)");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls-cert-file");
+ABSL_FLAG(std::string, client_ca_file, "",
+          "PEM CA bundle: clients' certificates are requested and verified against it (mutual "
+          "TLS); the identity is the certificate's CN (user) and O values (groups). Requires "
+          "--tls-cert-file. Turns on --authorization-mode=Policy unless told otherwise");
+ABSL_FLAG(absl::Duration, tls_reload_interval, absl::Seconds(10),
+          "how often the certificate, key and CA files are read again; a change is served to "
+          "the connections made after that, without a restart and without closing open ones "
+          "(at least 1s)");
+ABSL_FLAG(std::string, authorization_mode, "",
+          "Policy: the fixed policy (admins everything, readers get/list/watch, replicators of a "
+          "shard only their shard's part; see the README's Security section), which needs "
+          "--client-ca-file; AlwaysAllow: every caller may call everything. Default: Policy "
+          "with --client-ca-file, else AlwaysAllow");
+ABSL_FLAG(std::string, shard, "",
+          "role shard: the name of the shard this store belongs to, whose replicators the "
+          "Policy authorization lets write their lease and CCR status (required with it)");
+ABSL_FLAG(std::string, replicator_lease, "root/shardcache-system/shard-replicator",
+          "role shard: cluster/namespace/name of the lease the shard's replicators elect their "
+          "leader with (their --lease-cluster, --lease-namespace, --lease-name); the Policy "
+          "authorization lets them write only this lease");
+ABSL_FLAG(bool, http_tls, false,
+          "serve /metrics, /healthz and /readyz over HTTPS with --tls-cert-file and "
+          "--tls-key-file (reloaded like gRPC's); no client certificate is asked for");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off");
 
 namespace shardcache {
@@ -85,6 +117,10 @@ struct Config {
   absl::Duration keepalive_time;
   absl::Duration keepalive_timeout;
   absl::Duration keepalive_min_client_interval;
+  TlsFiles tls;
+  bool http_tls = false;
+  // Set when authorization is on (--authorization-mode=Policy).
+  std::optional<Authorizer::Options> authorization;
 };
 
 absl::StatusOr<Config> ConfigFromFlags() {
@@ -142,6 +178,50 @@ absl::StatusOr<Config> ConfigFromFlags() {
   hp = SplitHostPort("--http-listen", c.http_listen);
   if (!hp.ok()) return hp.status();
   c.port_file = absl::GetFlag(FLAGS_port_file);
+  c.tls = TlsFiles{absl::GetFlag(FLAGS_tls_cert_file), absl::GetFlag(FLAGS_tls_key_file),
+                   absl::GetFlag(FLAGS_client_ca_file), absl::GetFlag(FLAGS_tls_reload_interval)};
+  if (!c.tls.ca_file.empty() && c.tls.cert_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--client-ca-file: requires --tls-cert-file and --tls-key-file");
+  }
+  if (c.tls.reload_interval < absl::Seconds(1)) {
+    return absl::InvalidArgumentError("--tls-reload-interval: must be at least 1s");
+  }
+  RETURN_IF_ERROR(CheckTlsFiles(c.tls, "--tls-cert-file", "--tls-key-file", "--client-ca-file"));
+  c.http_tls = absl::GetFlag(FLAGS_http_tls);
+  if (c.http_tls && c.tls.cert_file.empty()) {
+    return absl::InvalidArgumentError("--http-tls: requires --tls-cert-file and --tls-key-file");
+  }
+  std::string mode = absl::GetFlag(FLAGS_authorization_mode);
+  if (mode.empty()) mode = c.tls.ca_file.empty() ? "AlwaysAllow" : "Policy";
+  if (mode == "Policy") {
+    if (c.tls.ca_file.empty()) {
+      return absl::InvalidArgumentError(
+          "--authorization-mode=Policy: requires --client-ca-file (identities come from client "
+          "certificates)");
+    }
+    Authorizer::Options a;
+    a.role = c.store.role;
+    a.shard = absl::GetFlag(FLAGS_shard);
+    if (c.store.role == Role::kShard && a.shard.empty()) {
+      return absl::InvalidArgumentError(
+          "--shard: required with --role=shard and --authorization-mode=Policy (the shard whose "
+          "replicators may write their lease and CCR status here)");
+    }
+    std::vector<std::string> lease = absl::StrSplit(absl::GetFlag(FLAGS_replicator_lease), '/');
+    if (lease.size() != 3 || lease[0].empty() || lease[1].empty() || lease[2].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--replicator-lease: \"",
+                                                     absl::GetFlag(FLAGS_replicator_lease),
+                                                     "\" is not cluster/namespace/name"));
+    }
+    a.lease_cluster = lease[0];
+    a.lease_namespace = lease[1];
+    a.lease_name = lease[2];
+    c.authorization = a;
+  } else if (mode != "AlwaysAllow") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--authorization-mode: \"", mode, "\" is not a mode (want Policy or AlwaysAllow)"));
+  }
   return c;
 }
 
@@ -167,6 +247,14 @@ int Run(Config config, const std::string& role_name) {
   StoreMetrics metrics(registry);
   WatchCache watch_cache(config.watch, &metrics);
   ObjectStore store(config.store, &watch_cache, &metrics, *std::move(state));
+  std::unique_ptr<Authorizer> authorizer;
+  if (config.authorization.has_value()) {
+    authorizer = std::make_unique<Authorizer>(
+        *config.authorization, [&store](const v1::GetRequest& req) { return store.Get(req); },
+        *registry);
+    config.service.authorizer = authorizer.get();
+  }
+  if (config.tls.server_enabled()) InstallGrpcLogRouting(*registry);
   StoreService service(config.service, &store, &watch_cache, &metrics);
   // The store's identity as an info metric (value 1), as Prometheus exporters expose build info.
   prometheus::BuildGauge()
@@ -182,7 +270,7 @@ int Run(Config config, const std::string& role_name) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int grpc_port = 0;
-  builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &grpc_port);
+  builder.AddListeningPort(config.listen, MakeServerCredentials(config.tls), &grpc_port);
   // A second server must not share a port this one serves.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // Keepalive: ping every connection, so that one whose peer vanished without a reset (a
@@ -210,6 +298,14 @@ int Run(Config config, const std::string& role_name) {
   HttpServer http(registry, [&ready]() {
     return ready.load() ? absl::OkStatus() : absl::UnavailableError("shutting down");
   });
+  if (config.http_tls) {
+    absl::StatusOr<std::shared_ptr<ReloadingKeyPair>> keys = ReloadingKeyPair::Load(config.tls);
+    if (!keys.ok()) {
+      server->Shutdown();
+      return Refuse(keys.status());
+    }
+    http.ServeTls(*std::move(keys));
+  }
   absl::StatusOr<int> http_port = http.Start(config.http_listen);
   if (!http_port.ok()) {
     server->Shutdown();
@@ -227,11 +323,13 @@ int Run(Config config, const std::string& role_name) {
   spdlog::info(
       "serving role={} store_id={} grpc={} (port {}) http={} (port {}) data_dir={} sync={} "
       "max_object_bytes={} history_events={} history_age={} keepalive_time={} "
-      "keepalive_timeout={}",
+      "keepalive_timeout={} tls={} client_certificates={} authorization={} http_tls={}",
       role_name, store.store_id(), config.listen, grpc_port, config.http_listen, *http_port,
       config.data_dir, config.sync, config.store.max_object_bytes, config.store.history_events,
       absl::FormatDuration(config.store.history_age), absl::FormatDuration(config.keepalive_time),
-      absl::FormatDuration(config.keepalive_timeout));
+      absl::FormatDuration(config.keepalive_timeout), config.tls.server_enabled(),
+      !config.tls.ca_file.empty(), config.authorization.has_value() ? "Policy" : "AlwaysAllow",
+      config.http_tls);
 
   int sig = WaitForTerminationSignal();
   spdlog::info("received signal {}: draining (up to {})", sig,

@@ -53,7 +53,8 @@ StoreService::StoreService(Options options, ObjectStore* store, WatchCache* watc
                            StoreMetrics* metrics)
     : options_(options), store_(store), watch_cache_(watch_cache), metrics_(metrics) {}
 
-StoreService::UnaryCall* StoreService::Begin(const char* method, const grpc::ByteBuffer& raw,
+StoreService::UnaryCall* StoreService::Begin(const grpc::CallbackServerContext& ctx,
+                                             const char* method, const grpc::ByteBuffer& raw,
                                              google::protobuf::Message* req,
                                              grpc::ByteBuffer* response, bool* admitted) {
   auto* call = new UnaryCall(this, method, response);
@@ -74,6 +75,10 @@ StoreService::UnaryCall* StoreService::Begin(const char* method, const grpc::Byt
     call->Reply(parsed, nullptr);
     return call;
   }
+  if (absl::Status allowed = AuthorizeCall(options_.authorizer, ctx, method, req); !allowed.ok()) {
+    call->Reply(allowed, nullptr);
+    return call;
+  }
   *admitted = true;
   return call;
 }
@@ -88,18 +93,18 @@ grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* ctx,
   ctx->AddInitialMetadata(kStoreIdMetadataKey, store_->store_id());
   v1::GetRequest req;
   bool admitted;
-  UnaryCall* call = Begin("Get", *raw, &req, resp, &admitted);
+  UnaryCall* call = Begin(*ctx, "Get", *raw, &req, resp, &admitted);
   if (!admitted) return call;
   auto result = store_->Get(req);
   call->Reply(result.status(), result.ok() ? result->get() : nullptr);
   return call;
 }
 
-grpc::ServerUnaryReactor* StoreService::List(grpc::CallbackServerContext*,
+grpc::ServerUnaryReactor* StoreService::List(grpc::CallbackServerContext* ctx,
                                              const grpc::ByteBuffer* raw, grpc::ByteBuffer* resp) {
   v1::ListRequest req;
   bool admitted;
-  UnaryCall* call = Begin("List", *raw, &req, resp, &admitted);
+  UnaryCall* call = Begin(*ctx, "List", *raw, &req, resp, &admitted);
   if (!admitted) return call;
   auto result = store_->List(req);
   call->Reply(result.status(), result.ok() ? &*result : nullptr);
@@ -112,6 +117,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* StoreService::Watch(grpc::CallbackSe
       new WatchReactor(watch_cache_, metrics_, options_.watch_queue_events, store_->store_id());
   v1::WatchRequest req;
   absl::Status started = ParseRequest(*raw, &req);
+  if (started.ok()) started = AuthorizeCall(options_.authorizer, *ctx, "Watch", &req);
   if (started.ok()) {
     // The headers go out now, before the watcher is registered (nothing else touches the
     // reactor yet), so that a client learns the store's identity before any event.
@@ -127,12 +133,12 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* StoreService::Watch(grpc::CallbackSe
   return reactor;
 }
 
-grpc::ServerUnaryReactor* StoreService::Create(grpc::CallbackServerContext*,
+grpc::ServerUnaryReactor* StoreService::Create(grpc::CallbackServerContext* ctx,
                                                const grpc::ByteBuffer* raw,
                                                grpc::ByteBuffer* resp) {
   v1::CreateRequest req;
   bool admitted;
-  UnaryCall* call = Begin("Create", *raw, &req, resp, &admitted);
+  UnaryCall* call = Begin(*ctx, "Create", *raw, &req, resp, &admitted);
   if (!admitted) return call;
   store_->CreateAsync(req, [call](absl::StatusOr<ObjectPtr> r) {
     call->Reply(r.status(), r.ok() ? r->get() : nullptr);
@@ -140,12 +146,12 @@ grpc::ServerUnaryReactor* StoreService::Create(grpc::CallbackServerContext*,
   return call;
 }
 
-grpc::ServerUnaryReactor* StoreService::Update(grpc::CallbackServerContext*,
+grpc::ServerUnaryReactor* StoreService::Update(grpc::CallbackServerContext* ctx,
                                                const grpc::ByteBuffer* raw,
                                                grpc::ByteBuffer* resp) {
   v1::UpdateRequest req;
   bool admitted;
-  UnaryCall* call = Begin("Update", *raw, &req, resp, &admitted);
+  UnaryCall* call = Begin(*ctx, "Update", *raw, &req, resp, &admitted);
   if (!admitted) return call;
   store_->UpdateAsync(req, [call](absl::StatusOr<ObjectPtr> r) {
     call->Reply(r.status(), r.ok() ? r->get() : nullptr);
@@ -153,12 +159,12 @@ grpc::ServerUnaryReactor* StoreService::Update(grpc::CallbackServerContext*,
   return call;
 }
 
-grpc::ServerUnaryReactor* StoreService::UpdateStatus(grpc::CallbackServerContext*,
+grpc::ServerUnaryReactor* StoreService::UpdateStatus(grpc::CallbackServerContext* ctx,
                                                      const grpc::ByteBuffer* raw,
                                                      grpc::ByteBuffer* resp) {
   v1::UpdateRequest req;
   bool admitted;
-  UnaryCall* call = Begin("UpdateStatus", *raw, &req, resp, &admitted);
+  UnaryCall* call = Begin(*ctx, "UpdateStatus", *raw, &req, resp, &admitted);
   if (!admitted) return call;
   store_->UpdateStatusAsync(req, [call](absl::StatusOr<ObjectPtr> r) {
     call->Reply(r.status(), r.ok() ? r->get() : nullptr);
@@ -166,12 +172,12 @@ grpc::ServerUnaryReactor* StoreService::UpdateStatus(grpc::CallbackServerContext
   return call;
 }
 
-grpc::ServerUnaryReactor* StoreService::Delete(grpc::CallbackServerContext*,
+grpc::ServerUnaryReactor* StoreService::Delete(grpc::CallbackServerContext* ctx,
                                                const grpc::ByteBuffer* raw,
                                                grpc::ByteBuffer* resp) {
   v1::DeleteRequest req;
   bool admitted;
-  UnaryCall* call = Begin("Delete", *raw, &req, resp, &admitted);
+  UnaryCall* call = Begin(*ctx, "Delete", *raw, &req, resp, &admitted);
   if (!admitted) return call;
   store_->DeleteAsync(req, [call](absl::StatusOr<ObjectStore::DeleteResult> r) {
     v1::DeleteResponse out;
@@ -184,12 +190,12 @@ grpc::ServerUnaryReactor* StoreService::Delete(grpc::CallbackServerContext*,
   return call;
 }
 
-grpc::ServerUnaryReactor* StoreService::ClaimEpoch(grpc::CallbackServerContext*,
+grpc::ServerUnaryReactor* StoreService::ClaimEpoch(grpc::CallbackServerContext* ctx,
                                                    const grpc::ByteBuffer* raw,
                                                    grpc::ByteBuffer* resp) {
   v1::ClaimEpochRequest req;
   bool admitted;
-  UnaryCall* call = Begin("ClaimEpoch", *raw, &req, resp, &admitted);
+  UnaryCall* call = Begin(*ctx, "ClaimEpoch", *raw, &req, resp, &admitted);
   if (!admitted) return call;
   store_->ClaimEpochAsync(req, [call](absl::StatusOr<int64_t> r) {
     v1::ClaimEpochResponse out;
@@ -200,8 +206,10 @@ grpc::ServerUnaryReactor* StoreService::ClaimEpoch(grpc::CallbackServerContext*,
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StoreService::Write(
-    grpc::CallbackServerContext*) {
-  return new WriteStreamReactor(this, metrics_);
+    grpc::CallbackServerContext* ctx) {
+  std::optional<PeerIdentity> who;
+  if (options_.authorizer != nullptr) who = Authorizer::Identify(*ctx);
+  return new WriteStreamReactor(this, metrics_, std::move(who));
 }
 
 bool StoreService::AddStream(WriteStreamReactor* stream) {
@@ -231,7 +239,9 @@ bool StoreService::AwaitIdle(absl::Duration timeout) {
   return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
 }
 
-void StoreService::Apply(const v1::WriteRequest& req, std::function<void(v1::WriteResponse)> done) {
+void StoreService::Apply(v1::WriteRequest* request, const std::optional<PeerIdentity>& who,
+                         std::function<void(v1::WriteResponse)> done) {
+  const v1::WriteRequest& req = *request;
   struct Answer {
     int64_t id;
     const char* method;
@@ -254,6 +264,12 @@ void StoreService::Apply(const v1::WriteRequest& req, std::function<void(v1::Wri
       a(r.status(), r.ok() ? *r : nullptr, false);
     };
   };
+  if (options_.authorizer != nullptr) {
+    if (absl::Status allowed = options_.authorizer->CheckWrite(who, request); !allowed.ok()) {
+      answer(allowed, nullptr, false);
+      return;
+    }
+  }
   switch (req.operation_case()) {
     case v1::WriteRequest::kCreate:
       answer.method = "Write.create";

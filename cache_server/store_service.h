@@ -27,6 +27,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "cache_server/authorizer.h"
 #include "cache_server/object_store.h"
 #include "cache_server/store_metrics.h"
 #include "cache_server/watch_cache.h"
@@ -48,6 +49,8 @@ class StoreService final : public RawStoreService {
   struct Options {
     // Live events that may wait for a slow watcher before it is ended (RESOURCE_EXHAUSTED).
     size_t watch_queue_events = 1000;
+    // Decides who may call what (authorizer.h); null: everyone may call everything. Not owned.
+    const Authorizer* authorizer = nullptr;
   };
 
   // Not owned; must outlive the service.
@@ -76,7 +79,10 @@ class StoreService final : public RawStoreService {
 
   // Applies one write of a Write stream; `done` receives its answer once it is durable (or
   // failed), possibly before Apply returns.
-  void Apply(const v1::WriteRequest& req, std::function<void(v1::WriteResponse)> done);
+  // `who` is the stream's caller; a write it may not make is answered PERMISSION_DENIED (or
+  // UNAUTHENTICATED) and not applied.
+  void Apply(v1::WriteRequest* req, const std::optional<PeerIdentity>& who,
+             std::function<void(v1::WriteResponse)> done);
 
   // Starts draining: new calls fail with UNAVAILABLE "server shutting down"; each Write stream
   // stops applying writes, answers the writes it has taken (a write read after this is
@@ -93,10 +99,12 @@ class StoreService final : public RawStoreService {
  private:
   class UnaryCall;
 
-  // Starts a unary call of `method` that answers into `response`. When the service is draining
-  // or `raw` does not parse into `req`, answers it at once and sets `*admitted` to false;
-  // otherwise the caller answers it with UnaryCall::Reply. The caller returns it to gRPC.
-  UnaryCall* Begin(const char* method, const grpc::ByteBuffer& raw, google::protobuf::Message* req,
+  // Starts a unary call of `method` that answers into `response`. When the service is draining,
+  // `raw` does not parse into `req` or the caller may not make it, answers it at once and sets
+  // `*admitted` to false; otherwise the caller answers it with UnaryCall::Reply. The caller
+  // returns it to gRPC.
+  UnaryCall* Begin(const grpc::CallbackServerContext& ctx, const char* method,
+                   const grpc::ByteBuffer& raw, google::protobuf::Message* req,
                    grpc::ByteBuffer* response, bool* admitted);
   void EndCall();
 

@@ -21,8 +21,9 @@ v1::WriteResponse Refusal(int64_t id, grpc::StatusCode code, const std::string& 
 
 }  // namespace
 
-WriteStreamReactor::WriteStreamReactor(StoreService* service, StoreMetrics* metrics)
-    : service_(service), metrics_(metrics) {
+WriteStreamReactor::WriteStreamReactor(StoreService* service, StoreMetrics* metrics,
+                                       std::optional<PeerIdentity> who)
+    : service_(service), metrics_(metrics), who_(std::move(who)) {
   bool added = service_->AddStream(this);
   Next next;
   {
@@ -101,8 +102,9 @@ void WriteStreamReactor::OnReadDone(bool ok) {
   if (refused.has_value()) {
     Answer(slot, *refused, /*from_store=*/false);
   } else if (slot != nullptr) {
-    service_->Apply(
-        req, [this, slot](v1::WriteResponse answer) { Answer(slot, answer, /*from_store=*/true); });
+    service_->Apply(&req, who_, [this, slot](v1::WriteResponse answer) {
+      Answer(slot, answer, /*from_store=*/true);
+    });
   }
   Next next;
   {

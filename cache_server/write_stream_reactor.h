@@ -29,6 +29,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "cache_server/store_metrics.h"
+#include "common/tls.h"
 #include "shardcache/v1/store.pb.h"
 
 namespace shardcache {
@@ -42,8 +43,10 @@ class WriteStreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc
   static constexpr size_t kMaxOutstandingWrites = 256;
 
   // Registers with `service` (not owned; outlives the reactor) and starts reading; ends at once
-  // with UNAVAILABLE if the service is draining.
-  WriteStreamReactor(StoreService* service, StoreMetrics* metrics);
+  // with UNAVAILABLE if the service is draining. `who` is the caller, whose writes the service
+  // authorizes one by one.
+  WriteStreamReactor(StoreService* service, StoreMetrics* metrics,
+                     std::optional<PeerIdentity> who = std::nullopt);
 
   // The server is shutting down: answer what was taken, then end with UNAVAILABLE.
   void Drain();
@@ -75,6 +78,7 @@ class WriteStreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc
 
   StoreService* const service_;
   StoreMetrics* const metrics_;
+  const std::optional<PeerIdentity> who_;
   // The message being read; only touched between StartRead and the end of OnReadDone.
   grpc::ByteBuffer in_;
   // The answer being written; set under mu_ while writing_ is false, then read by gRPC.

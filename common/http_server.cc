@@ -34,7 +34,15 @@ HttpServer::~HttpServer() { Stop(); }
 absl::StatusOr<int> HttpServer::Start(const std::string& address) {
   auto host_port = SplitHostPort("--http-listen", address);
   if (!host_port.ok()) return host_port.status();
-  server_ = std::make_unique<httplib::Server>();
+  if (tls_ != nullptr) {
+    std::shared_ptr<ReloadingKeyPair> keys = tls_;
+    server_ = std::make_unique<httplib::SSLServer>([keys](SSL_CTX& ctx) {
+      keys->Install(&ctx);
+      return true;
+    });
+  } else {
+    server_ = std::make_unique<httplib::Server>();
+  }
   // SO_REUSEADDR only: without SO_REUSEPORT (httplib's default sets it) a second process cannot
   // bind a port this one serves.
   server_->set_socket_options([](socket_t sock) {

@@ -4,6 +4,8 @@
 //   GET /healthz  200 "ok" while the process runs (liveness).
 //   GET /readyz   200 "ok" when the readiness check passes, else 503 with the reason.
 //
+// Over HTTP, or HTTPS with a certificate reloaded when its files change (ServeTls).
+//
 // Thread-safety: Start and Stop are called from one thread (main). The readiness check is called
 // from the server's own threads and must be thread-safe.
 #ifndef SHARDCACHE_COMMON_HTTP_SERVER_H_
@@ -17,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/tls.h"
 #include "prometheus/registry.h"
 
 namespace httplib {
@@ -39,12 +42,16 @@ class HttpServer {
   // that thread serves, so that a Stop() right after it takes effect. Returns the bound port, or
   // UNAVAILABLE with the reason if the address cannot be bound.
   absl::StatusOr<int> Start(const std::string& address);
+  // Serves HTTPS with `keys` instead of HTTP (no client certificate is asked for).
+  // REQUIRES: before Start.
+  void ServeTls(std::shared_ptr<ReloadingKeyPair> keys) { tls_ = std::move(keys); }
   // Stops serving and joins the thread. Idempotent.
   void Stop();
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
   ReadinessCheck readiness_;
+  std::shared_ptr<ReloadingKeyPair> tls_;
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   // Set by the serving thread when httplib's listen loop has returned.

@@ -114,10 +114,12 @@ absl::StatusOr<grpc::ChannelArguments> StoreChannelArguments(const KeepaliveOpti
 }
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateStoreChannel(
-    const std::string& target, const KeepaliveOptions& keepalive) {
+    const std::string& target, const KeepaliveOptions& keepalive,
+    std::shared_ptr<grpc::ChannelCredentials> credentials) {
   absl::StatusOr<grpc::ChannelArguments> args = StoreChannelArguments(keepalive);
   if (!args.ok()) return args.status();
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), *args);
+  if (credentials == nullptr) credentials = grpc::InsecureChannelCredentials();
+  return grpc::CreateCustomChannel(target, credentials, *args);
 }
 
 absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Create(

@@ -71,9 +71,11 @@ struct KeepaliveOptions {
 // second while the server is unreachable. INVALID_ARGUMENT when a time is not
 // between 1 ms and 24 h.
 absl::StatusOr<grpc::ChannelArguments> StoreChannelArguments(const KeepaliveOptions& keepalive);
-// An insecure channel to a Store at `target` ("host:port") with StoreChannelArguments.
+// A channel to a Store at `target` ("host:port") with StoreChannelArguments, over `credentials`
+// (insecure when null; see common/tls.h for TLS ones).
 absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateStoreChannel(
-    const std::string& target, const KeepaliveOptions& keepalive = {});
+    const std::string& target, const KeepaliveOptions& keepalive = {},
+    std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
 
 // One Watch call: events read one at a time by one thread, cancellable from any thread.
 //

@@ -7,6 +7,7 @@ users and tests need, with only Debian's python3-grpcio and python3-protobuf:
   grpcurl_lite.py -plaintext ADDR list [SERVICE]
   grpcurl_lite.py -plaintext ADDR describe [SYMBOL]
   grpcurl_lite.py -plaintext [-d JSON | -d @] [-max-time SECONDS] ADDR SERVICE/METHOD
+  grpcurl_lite.py -cacert CA [-cert CERT -key KEY] ... ADDR ...     (TLS, mutual with -cert)
 
 It knows no application protos. It compiles gRPC's reflection proto (v1alpha, from Debian's
 grpc-proto package) with protoc at run time, asks the server for the files that define each
@@ -533,6 +534,18 @@ def describe_descriptor(desc):
 # The client.
 
 
+def _tls_credentials(files):
+    """grpc.ssl_channel_credentials from (cacert, cert, key) file paths (None: not given)."""
+    def read(path):
+        if path is None:
+            return None
+        with open(path, "rb") as f:
+            return f.read()
+    cacert, cert, key = files
+    return grpc.ssl_channel_credentials(root_certificates=read(cacert), private_key=read(key),
+                                        certificate_chain=read(cert))
+
+
 class Client:
     """A reflection-driven client of one server. Not thread-safe; close() it when done.
 
@@ -542,8 +555,10 @@ class Client:
 
     def __init__(self, address, plaintext=True, work_dir=None,
                  grpc_proto_dir=DEFAULT_GRPC_PROTO_DIR, metadata=(), deadline=None,
-                 connect_timeout=DEFAULT_CONNECT_TIMEOUT, default_timeout=None):
-        """deadline: an absolute time.monotonic() bound for everything this client does."""
+                 connect_timeout=DEFAULT_CONNECT_TIMEOUT, default_timeout=None, tls=None):
+        """deadline: an absolute time.monotonic() bound for everything this client does.
+        tls: with plaintext False, (cacert, cert, key) file paths, each possibly None (as
+        grpcurl's -cacert, -cert, -key)."""
         self.address = address
         self.metadata = tuple(metadata)
         self.deadline = deadline
@@ -552,7 +567,7 @@ class Client:
         if plaintext:
             self.channel = grpc.insecure_channel(address)
         else:
-            self.channel = grpc.secure_channel(address, grpc.ssl_channel_credentials())
+            self.channel = grpc.secure_channel(address, _tls_credentials(tls or (None,) * 3))
         self._reflection = self._pb2_grpc.ServerReflectionStub(self.channel)
         self.pool = descriptor_pool.DescriptorPool()
         self._files = {}  # file name -> FileDescriptorProto, every file the server sent.
@@ -837,6 +852,9 @@ _USAGE = """Usage:
 
 Flags (one or two leading dashes, "-flag value" or "-flag=value"):
   -plaintext            use plain-text HTTP/2 (no TLS)
+  -cacert FILE          TLS: the CA bundle the server's certificate must chain to
+  -cert FILE            TLS: the client certificate to present (with -key)
+  -key FILE             TLS: the private key of -cert
   -d DATA               request data as JSON; several objects for a client stream; "@" reads stdin
   -max-time SECONDS     the longest the whole operation may take
   -connect-timeout SECONDS   the longest connecting may take (default 10)
@@ -847,7 +865,8 @@ Flags (one or two leading dashes, "-flag value" or "-flag=value"):
 """
 
 _BOOL_FLAGS = {"plaintext", "emit-defaults", "insecure", "help", "h"}
-_VALUE_FLAGS = {"d", "max-time", "connect-timeout", "H", "grpc-proto-dir", "work-dir"}
+_VALUE_FLAGS = {"d", "max-time", "connect-timeout", "H", "grpc-proto-dir", "work-dir", "cacert",
+                "cert", "key"}
 
 
 class UsageError(Exception):
@@ -1011,7 +1030,8 @@ def main(argv=None):
     try:
         reflection_modules(work_dir, flags.get("grpc-proto-dir", DEFAULT_GRPC_PROTO_DIR))
         client = Client(address, plaintext=bool(flags.get("plaintext")), work_dir=work_dir,
-                        metadata=metadata, deadline=deadline, connect_timeout=connect_timeout)
+                        metadata=metadata, deadline=deadline, connect_timeout=connect_timeout,
+                        tls=(flags.get("cacert"), flags.get("cert"), flags.get("key")))
         if verb == "list":
             if rest:
                 names = client.list_methods(rest[0])

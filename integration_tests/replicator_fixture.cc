@@ -168,24 +168,33 @@ void ReplicatorFixture::TearDown() {
 
 void ReplicatorFixture::StartShardStore(const std::string& shard_name) {
   Store& s = shards_[shard_name];
-  s.process = std::make_unique<ServerProcess>(BinaryPath("cache_server/cache_server"),
-                                              std::vector<std::string>{"--role=shard"});
+  std::vector<std::string> args = {"--role=shard"};
+  if (security_) {
+    args = TestCertificates::Shared().ServerArgs();
+    args.insert(args.end(), {"--role=shard", "--shard=" + shard_name});
+  }
+  s.process = std::make_unique<ServerProcess>(BinaryPath("cache_server/cache_server"), args);
   RestartStore(&s);
   if (::testing::Test::HasFatalFailure()) return;
   DefineWidgets(shard_name);
 }
 
 void ReplicatorFixture::StartCache() {
-  cache_.process = std::make_unique<ServerProcess>(BinaryPath("cache_server/cache_server"),
-                                                   std::vector<std::string>{"--role=cache"});
+  std::vector<std::string> args = {"--role=cache"};
+  if (security_) {
+    args = TestCertificates::Shared().ServerArgs();
+    args.push_back("--role=cache");
+  }
+  cache_.process = std::make_unique<ServerProcess>(BinaryPath("cache_server/cache_server"), args);
   RestartStore(&cache_);
 }
 
 void ReplicatorFixture::RestartStore(Store* store) {
   absl::Status started = store->process->Start();
   ASSERT_TRUE(started.ok()) << started;
-  store->channel =
-      grpc::CreateChannel(store->process->grpc_address(), grpc::InsecureChannelCredentials());
+  store->channel = grpc::CreateChannel(store->process->grpc_address(),
+                                       security_ ? TestCertificates::Shared().Credentials("admin")
+                                                 : grpc::InsecureChannelCredentials());
   store->stub = v1::Store::NewStub(store->channel);
 }
 
@@ -208,6 +217,10 @@ std::vector<std::string> ReplicatorFixture::ReplicatorArgs(const std::string& sh
       absl::StrCat("--renew-deadline=", absl::FormatDuration(kRenewDeadline)),
       absl::StrCat("--retry-period=", absl::FormatDuration(kRetryPeriod)),
   };
+  if (security_) {
+    std::vector<std::string> tls = TestCertificates::Shared().ReplicatorArgs(shard_name);
+    args.insert(args.end(), tls.begin(), tls.end());
+  }
   args.insert(args.end(), extra.begin(), extra.end());
   return args;
 }

@@ -30,6 +30,7 @@
 #include "common/testing/server_process.h"
 #include "common/testing/wait.h"
 #include "integration_tests/refuse_to_start.h"
+#include "integration_tests/security_certs.h"
 #include "integration_tests/store_fixture.h"
 #include "integration_tests/watch_reader.h"
 #include "shardcache/v1/store.grpc.pb.h"
@@ -217,6 +218,11 @@ class ReplicatorFixture : public ::testing::Test {
                                             absl::Duration timeout);
   // 1 or 0 (or -1 when the page cannot be read): whether the replica leads.
   static double Leading(ServerProcess* replica);
+
+  // TLS and authorization on (SHARDCACHE_TEST_SECURITY=tls, see security_certs.h): the stores
+  // serve TLS with client certificates required, the fixture's stubs are the admin's, and each
+  // replicator presents its shard's certificate. Set before starting anything.
+  bool security_ = SecurityFromEnvironment();
 
   std::map<std::string, Store> shards_;
   Store cache_;

@@ -389,6 +389,9 @@ TEST_F(LeadershipTest, PausedLeaderIsFencedAfterTakeover) {
 // epoch: the cache answers it "fenced" and does not apply it; resumed, the old leader stops
 // leading and the cache keeps the new leader's view.
 TEST_F(LeadershipTest, StaleWriteOfAPausedLeaderIsFenced) {
+  // The relay recognizes the held write by its bytes, which TLS hides; the other fencing tests
+  // run with TLS too.
+  if (security_) GTEST_SKIP() << "finds the held write in plaintext bytes";
   ASSERT_NO_FATAL_FAILURE(StartStores());
   absl::StatusOr<std::unique_ptr<TcpRelay>> relay =
       TcpRelay::Start("127.0.0.1", cache_.process->grpc_port());

@@ -6,6 +6,9 @@
 # replicator first (it releases its lease in the shard store), then to the two stores, waiting
 # for each to drain and exit.
 #
+# Everything here is plaintext on loopback; README.md's "Security" section shows the same
+# deployment with TLS, client certificates and authorization (scripts/make-certs.sh).
+#
 # Ports can be changed with SHARDCACHE_CACHE_PORT, SHARDCACHE_CACHE_HTTP_PORT,
 # SHARDCACHE_SHARD_PORT, SHARDCACHE_SHARD_HTTP_PORT and SHARDCACHE_REPLICATOR_HTTP_PORT.
 set -euo pipefail

@@ -70,8 +70,10 @@ ShardReplicator::ShardReplicator(Options options)
 ShardReplicator::~ShardReplicator() { Stop(); }
 
 absl::Status ShardReplicator::Init() {
-  ASSIGN_OR_RETURN(shard_channel_, CreateStoreChannel(options_.shard_store, options_.keepalive));
-  ASSIGN_OR_RETURN(cache_channel_, CreateStoreChannel(options_.cache, options_.keepalive));
+  ASSIGN_OR_RETURN(shard_channel_, CreateStoreChannel(options_.shard_store, options_.keepalive,
+                                                      options_.shard_store_credentials));
+  ASSIGN_OR_RETURN(cache_channel_, CreateStoreChannel(options_.cache, options_.keepalive,
+                                                      options_.cache_credentials));
   shard_stub_ = v1::Store::NewStub(shard_channel_);
   cache_stub_ = v1::Store::NewStub(cache_channel_);
   // Calls made while leading must end well within the margin between the renew deadline and

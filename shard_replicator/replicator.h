@@ -53,6 +53,10 @@ class ShardReplicator {
     absl::Duration resync_period = absl::Minutes(5);
     // gRPC keepalive of the channels to the shard store and the cache.
     KeepaliveOptions keepalive;
+    // The credentials of the channels to the shard store and the cache (common/tls.h); null:
+    // plaintext.
+    std::shared_ptr<grpc::ChannelCredentials> shard_store_credentials;
+    std::shared_ptr<grpc::ChannelCredentials> cache_credentials;
     // A watch of either store that receives neither an event nor a bookmark for this long is
     // taken for dead and opened again (Reflector::Options::watch_idle_timeout). Zero: never.
     absl::Duration watch_idle_timeout = absl::Seconds(15);

@@ -17,6 +17,7 @@
 #include "common/port_file.h"
 #include "common/server_main.h"
 #include "common/signals.h"
+#include "common/tls.h"
 #include "shard_replicator/replicator.h"
 
 ABSL_FLAG(std::string, shard, "", "this shard's name (required); copies in the cache carry it");
@@ -52,6 +53,28 @@ ABSL_FLAG(absl::Duration, keepalive_timeout, absl::Seconds(5),
 ABSL_FLAG(absl::Duration, watch_idle_timeout, absl::Seconds(15),
           "a watch that receives neither an event nor a bookmark for this long is taken for dead "
           "and opened again (a few times the stores' --bookmark-interval; 0: never)");
+ABSL_FLAG(std::string, cache_ca_file, "",
+          "PEM CA bundle that the cache server's certificate must chain to; with it (or "
+          "--cache-cert-file) the cache is reached over TLS (its name verified against --cache's "
+          "host)");
+ABSL_FLAG(std::string, cache_cert_file, "",
+          "PEM client certificate (chain) presented to the cache server (mutual TLS); for "
+          "authorization its CN is shardcache:replicator:<shard> and an O is "
+          "shardcache:replicators");
+ABSL_FLAG(std::string, cache_key_file, "", "PEM private key of --cache-cert-file");
+ABSL_FLAG(
+    std::string, shard_store_ca_file, "",
+    "PEM CA bundle that the shard store's certificate must chain to (TLS, as --cache-ca-file)");
+ABSL_FLAG(std::string, shard_store_cert_file, "",
+          "PEM client certificate (chain) presented to the shard store (mutual TLS)");
+ABSL_FLAG(std::string, shard_store_key_file, "", "PEM private key of --shard-store-cert-file");
+ABSL_FLAG(absl::Duration, tls_reload_interval, absl::Seconds(10),
+          "how often the CA, certificate and key files are read again; a changed file is used "
+          "for the connections made after that, without a restart (at least 1s)");
+ABSL_FLAG(std::string, http_tls_cert_file, "",
+          "PEM certificate (chain): with --http-tls-key-file, /metrics, /healthz and /readyz are "
+          "served over HTTPS (reloaded on change, as the other files)");
+ABSL_FLAG(std::string, http_tls_key_file, "", "PEM private key of --http-tls-cert-file");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off");
 
 namespace shardcache {
@@ -122,6 +145,28 @@ int Run() {
   auto registry = std::make_shared<prometheus::Registry>();
   RegisterBuildInfo(*registry);
   options.registry = registry;
+  TlsFiles cache_tls{absl::GetFlag(FLAGS_cache_cert_file), absl::GetFlag(FLAGS_cache_key_file),
+                     absl::GetFlag(FLAGS_cache_ca_file), absl::GetFlag(FLAGS_tls_reload_interval)};
+  TlsFiles shard_tls{
+      absl::GetFlag(FLAGS_shard_store_cert_file), absl::GetFlag(FLAGS_shard_store_key_file),
+      absl::GetFlag(FLAGS_shard_store_ca_file), absl::GetFlag(FLAGS_tls_reload_interval)};
+  absl::Status tls =
+      CheckTlsFiles(cache_tls, "--cache-cert-file", "--cache-key-file", "--cache-ca-file");
+  if (tls.ok()) {
+    tls = CheckTlsFiles(shard_tls, "--shard-store-cert-file", "--shard-store-key-file",
+                        "--shard-store-ca-file");
+  }
+  TlsFiles http_tls{absl::GetFlag(FLAGS_http_tls_cert_file), absl::GetFlag(FLAGS_http_tls_key_file),
+                    "", absl::GetFlag(FLAGS_tls_reload_interval)};
+  if (tls.ok()) {
+    tls = CheckTlsFiles(http_tls, "--http-tls-cert-file", "--http-tls-key-file", "");
+  }
+  if (!tls.ok()) return Refuse(tls);
+  if (cache_tls.client_enabled() || shard_tls.client_enabled()) {
+    InstallGrpcLogRouting(*registry);
+  }
+  options.cache_credentials = MakeChannelCredentials(cache_tls);
+  options.shard_store_credentials = MakeChannelCredentials(shard_tls);
   std::string http_listen = absl::GetFlag(FLAGS_http_listen);
   absl::StatusOr<std::pair<std::string, int>> http_address =
       SplitHostPort("--http-listen", http_listen);
@@ -142,6 +187,11 @@ int Run() {
     if (stopping.load()) return absl::UnavailableError("shutting down");
     return raw->Ready();
   });
+  if (http_tls.server_enabled()) {
+    absl::StatusOr<std::shared_ptr<ReloadingKeyPair>> keys = ReloadingKeyPair::Load(http_tls);
+    if (!keys.ok()) return Refuse(keys.status());
+    http.ServeTls(*std::move(keys));
+  }
   absl::StatusOr<int> http_port = http.Start(http_listen);
   if (!http_port.ok()) return Refuse(http_port.status());
   std::string port_file = absl::GetFlag(FLAGS_port_file);
@@ -149,8 +199,10 @@ int Run() {
     absl::Status written = WritePortFile(port_file, {{"http_port", *http_port}});
     if (!written.ok()) return Refuse(written);
   }
-  spdlog::info("serving http={} (port {}) workers={} resync_period={}", http_listen, *http_port,
-               options.workers, absl::FormatDuration(options.resync_period));
+  spdlog::info(
+      "serving http={} (port {}) workers={} resync_period={} shard_store_tls={} cache_tls={}",
+      http_listen, *http_port, options.workers, absl::FormatDuration(options.resync_period),
+      shard_tls.client_enabled(), cache_tls.client_enabled());
 
   int sig = WaitForTerminationSignal();
   spdlog::info("received signal {}: stopping", sig);
