@@ -30,6 +30,9 @@ StoreMetrics::StoreMetrics(std::shared_ptr<prometheus::Registry> registry)
       watchers_too_slow(MakeCounter(*registry, "shardcache_store_watchers_too_slow_total",
                                     "Watchers ended because they could not keep up.")),
       writes(MakeCounter(*registry, "shardcache_store_writes_total", "Committed writes.")),
+      watch_backpressure_seconds(MakeCounter(
+          *registry, "shardcache_store_watch_backpressure_seconds_total",
+          "Time the committer waited for watchers to catch up, holding back acknowledgements.")),
       registry_(std::move(registry)),
       requests_(prometheus::BuildCounter()
                     .Name("shardcache_grpc_requests_total")

@@ -32,6 +32,8 @@ class StoreMetrics {
   prometheus::Counter& events_dispatched;  // events handed to watchers
   prometheus::Counter& watchers_too_slow;  // watchers ended because they fell behind
   prometheus::Counter& writes;             // committed writes
+  // Time the committer waited for the watch fan-out (backpressure on the writers).
+  prometheus::Counter& watch_backpressure_seconds;
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
