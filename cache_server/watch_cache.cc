@@ -200,6 +200,7 @@ void WatchCache::Run(Dispatcher* d) {
   absl::Time next_bookmark = absl::Now() + options_.bookmark_interval;
   absl::Time next_sweep = absl::Now() + kSweepInterval;
   std::deque<Item> batch;
+  std::vector<Watcher*> unflushed;
   while (true) {
     {
       absl::MutexLock l(&d->queue_mu);
@@ -211,8 +212,15 @@ void WatchCache::Run(Dispatcher* d) {
       batch.swap(d->queue);
     }
     absl::MutexLock l(&d->watchers_mu);
-    for (const Item& item : batch) Dispatch(d, item);
+    // Every event taken goes out before any is sent: a watcher gets the run in one write (as one
+    // batch, when it asked for batches) rather than the first event alone.
+    for (const Item& item : batch) Dispatch(d, item, &unflushed);
     batch.clear();
+    for (Watcher* w : unflushed) {
+      w->unflushed_ = false;
+      w->Flush();
+    }
+    unflushed.clear();
     absl::Time now = absl::Now();
     if (now >= next_sweep) {
       for (auto& [gr, set] : d->watchers) {
@@ -231,7 +239,7 @@ void WatchCache::Run(Dispatcher* d) {
   }
 }
 
-void WatchCache::Dispatch(Dispatcher* d, const Item& item) {
+void WatchCache::Dispatch(Dispatcher* d, const Item& item, std::vector<Watcher*>* unflushed) {
   if (item.event == nullptr) {
     auto it = d->watchers.find(item.gone_resource);
     if (it == d->watchers.end()) return;
@@ -260,6 +268,10 @@ void WatchCache::Dispatch(Dispatcher* d, const Item& item) {
     v1::WatchEvent::Type type = EffectiveType(e, spec.filter);
     if (type == v1::WatchEvent::TYPE_UNSPECIFIED) continue;
     w->Deliver(item.forms->Get(e, type));
+    if (!w->unflushed_) {
+      w->unflushed_ = true;
+      unflushed->push_back(w);
+    }
     ++delivered;
   }
   if (delivered > 0) metrics_->events_dispatched.Increment(static_cast<double>(delivered));

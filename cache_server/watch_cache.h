@@ -22,8 +22,8 @@
 // not sending as fast as events come). The publisher, the store's committer, then holds back
 // acknowledgements: writers are slowed, and no reading watcher is ended for the server's lag.
 //
-// Thread-safety: all methods are thread-safe. Watcher callbacks (Deliver, Bookmark, Sweep, End)
-// are called from the watcher's dispatcher thread (End also from Shutdown's caller) and must
+// Thread-safety: all methods are thread-safe. Watcher callbacks (Deliver, Flush, Bookmark, Sweep,
+// End) are called from the watcher's dispatcher thread (End also from Shutdown's caller) and must
 // never block.
 #ifndef SHARDCACHE_CACHE_SERVER_WATCH_CACHE_H_
 #define SHARDCACHE_CACHE_SERVER_WATCH_CACHE_H_
@@ -91,8 +91,11 @@ class Watcher {
   virtual void Init(WatchSpec spec,
                     std::vector<std::pair<v1::WatchEvent::Type, ObjectPtr>> initial) = 0;
   virtual const WatchSpec& spec() const = 0;
-  // An event for this watcher, with its type as the watcher sees it.
+  // An event for this watcher, with its type as the watcher sees it. The watcher may hold it
+  // until Flush, so that the events of one run go out together.
   virtual void Deliver(const Delivery& delivery) = 0;
+  // Called after the Deliver calls of one run of events (at least once after any Deliver).
+  virtual void Flush() {}
   // Every event up to `revision` has been delivered.
   virtual void Bookmark(int64_t revision) = 0;
   // Called about every WatchCache::kSweepInterval: a watcher whose client has stopped reading
@@ -106,6 +109,8 @@ class Watcher {
   // The dispatcher that serves this watcher; -1 while it is not registered. Written by Register
   // before the watcher can be unregistered.
   int dispatcher_ = -1;
+  // Delivered to since the last Flush; only touched by its dispatcher, under its watchers_mu.
+  bool unflushed_ = false;
 };
 
 // The type of `event` as a watcher with `filter` sees it (an update that crosses the filter
@@ -200,7 +205,10 @@ class WatchCache {
   };
 
   void Run(Dispatcher* d);
-  void Dispatch(Dispatcher* d, const Item& item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->watchers_mu);
+  // Delivers one item; appends the watchers it delivered to first since their last Flush to
+  // `unflushed`.
+  void Dispatch(Dispatcher* d, const Item& item, std::vector<Watcher*>* unflushed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->watchers_mu);
   void Enqueue(std::vector<Item> items);
   void CountChanged(Dispatcher* d, int delta);
 

@@ -63,14 +63,18 @@ void WatchReactor::Init(WatchSpec spec,
 }
 
 void WatchReactor::Deliver(const Delivery& delivery) {
+  absl::MutexLock l(&mu_);
+  if (finish_requested_) return;
+  live_.push_back(delivery.encoded);
+  live_bytes_ += delivery.encoded.size();
+  UpdateBacklogLocked();
+  if (over_bound_.load(std::memory_order_relaxed)) CheckStalledLocked(absl::Now());
+}
+
+void WatchReactor::Flush() {
   Action a;
   {
     absl::MutexLock l(&mu_);
-    if (finish_requested_) return;
-    live_.push_back(delivery.encoded);
-    live_bytes_ += delivery.encoded.size();
-    UpdateBacklogLocked();
-    if (over_bound_.load(std::memory_order_relaxed)) CheckStalledLocked(absl::Now());
     a = NextLocked();
   }
   Act(a);

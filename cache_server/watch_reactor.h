@@ -69,6 +69,7 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>, public W
             std::vector<std::pair<v1::WatchEvent::Type, ObjectPtr>> initial) override;
   const WatchSpec& spec() const override { return spec_; }
   void Deliver(const Delivery& delivery) override;
+  void Flush() override;
   void Bookmark(int64_t revision) override;
   void Sweep(absl::Time now) override;
   void End(const absl::Status& status) override;
