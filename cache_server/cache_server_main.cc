@@ -52,7 +52,7 @@ ABSL_FLAG(absl::Duration, history_age, absl::Hours(1),
 ABSL_FLAG(int64_t, watch_queue_events, 0,
           "live events that may wait for one watcher, on top of --watch-queue-bytes (0: no bound "
           "in events)");
-ABSL_FLAG(int64_t, watch_queue_bytes, 4 << 20,
+ABSL_FLAG(int64_t, watch_queue_bytes, 1 << 20,
           "bytes of live events that may wait for one watcher; a watcher further behind is ended "
           "with RESOURCE_EXHAUSTED once its client has read nothing for --watch-stall-timeout");
 ABSL_FLAG(absl::Duration, watch_stall_timeout, absl::Seconds(5),

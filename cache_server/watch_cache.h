@@ -18,8 +18,9 @@
 // events at or below a watcher's starting revision.
 //
 // Backpressure: `Publish` blocks while a dispatcher has kMaxQueuedEvents waiting, or while the
-// watchers' queues hold more than `Options::backlog_bytes` beyond their own bounds (the server is
-// not sending as fast as events come). The publisher, the store's committer, then holds back
+// watchers' queues hold more than `Options::backlog_bytes` together (the server is not sending as
+// fast as events come; a client that stopped reading holds at most its own bound, and not for
+// longer than the stall timeout). The publisher, the store's committer, then holds back
 // acknowledgements: writers are slowed, and no reading watcher is ended for the server's lag.
 //
 // Thread-safety: all methods are thread-safe. Watcher callbacks (Deliver, Flush, Bookmark, Sweep,
@@ -131,10 +132,10 @@ class WatchCache {
     // Read by each watcher (WatchReactor): the bytes of live events that may wait for it before
     // it counts as behind; a watcher behind whose client has not taken a message for
     // `stall_timeout` (its stream's flow control stays closed) is ended with RESOURCE_EXHAUSTED.
-    size_t watcher_queue_bytes = 4 << 20;
+    size_t watcher_queue_bytes = 1 << 20;
     absl::Duration stall_timeout = absl::Seconds(5);
-    // The bytes that watchers may hold beyond their own bounds, all together, before Publish
-    // blocks (backpressure).
+    // The bytes of live events waiting in all watchers' queues together (each event counted once
+    // per watcher; the bytes themselves are shared) before Publish blocks (backpressure).
     size_t backlog_bytes = 64 << 20;
   };
 
@@ -166,7 +167,7 @@ class WatchCache {
   // Removes a watcher; after it returns no callback will reach it. Safe to call twice.
   void Unregister(Watcher* watcher);
 
-  // A watcher's bytes beyond its bound changed by `delta` (WatchReactor). Thread-safe, lock-free.
+  // The bytes queued for a watcher changed by `delta` (WatchReactor). Thread-safe, lock-free.
   void AddBacklog(int64_t delta) { backlog_.fetch_add(delta, std::memory_order_relaxed); }
 
   // Ends every watcher with UNAVAILABLE ("server shutting down"), refuses new ones, and waits
@@ -217,7 +218,7 @@ class WatchCache {
   StoreMetrics* const metrics_;
   std::vector<std::unique_ptr<Dispatcher>> dispatchers_;
 
-  // Bytes queued for watchers beyond their bounds, summed (see AddBacklog).
+  // Bytes queued for watchers, summed (see AddBacklog).
   std::atomic<int64_t> backlog_{0};
   std::atomic<int64_t> watcher_count_{0};
 

@@ -169,10 +169,9 @@ void WatchReactor::ClearLocked() {
 }
 
 void WatchReactor::UpdateBacklogLocked() {
-  size_t beyond = live_bytes_ > max_queue_bytes_ ? live_bytes_ - max_queue_bytes_ : 0;
-  if (beyond != backlog_) {
-    cache_->AddBacklog(static_cast<int64_t>(beyond) - static_cast<int64_t>(backlog_));
-    backlog_ = beyond;
+  if (live_bytes_ != backlog_) {
+    cache_->AddBacklog(static_cast<int64_t>(live_bytes_) - static_cast<int64_t>(backlog_));
+    backlog_ = live_bytes_;
   }
   over_bound_.store(live_bytes_ > max_queue_bytes_ ||
                         (max_pending_events_ > 0 && live_.size() > max_pending_events_),

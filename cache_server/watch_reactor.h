@@ -18,8 +18,8 @@
 // optionally in events, `max_pending_events`). A watcher past its bound is ended with
 // RESOURCE_EXHAUSTED only when its own client has stopped reading: its write in flight has not
 // completed for WatchCache::Options::stall_timeout (HTTP/2 flow control holds it). A watcher past
-// its bound whose client reads is the server's lag, not the client's: its bytes beyond the bound
-// count towards the WatchCache's backlog, which slows the writers instead.
+// its bound whose client reads is the server's lag, not the client's: the bytes waiting in every
+// watcher's queue count towards the WatchCache's backlog, which slows the writers instead.
 //
 // Every message carries the store's identity (WatchEvent.store_id): the message's slices are
 // followed by the encoding of that one field (a protobuf message parses the concatenation of two
@@ -109,7 +109,7 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>, public W
   std::deque<std::pair<v1::WatchEvent::Type, ObjectPtr>> initial_ ABSL_GUARDED_BY(mu_);
   std::deque<grpc::Slice> live_ ABSL_GUARDED_BY(mu_);
   size_t live_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  // live_bytes_ beyond max_queue_bytes_, as last added to the cache's backlog.
+  // live_bytes_ as last added to the cache's backlog.
   size_t backlog_ ABSL_GUARDED_BY(mu_) = 0;
   // Past its bound: Sweep looks at this watcher (read without the lock).
   std::atomic<bool> over_bound_{false};
