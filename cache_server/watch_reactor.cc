@@ -123,6 +123,8 @@ void WatchReactor::OnWriteDone(bool ok) {
   {
     absl::MutexLock l(&mu_);
     writing_ = false;
+    writing_bytes_ = 0;
+    UpdateBacklogLocked();
     if (!ok) {
       ClearLocked();
       RequestFinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "the stream broke"));
@@ -147,7 +149,7 @@ void WatchReactor::OnDone() {
   cache_->Unregister(this);
   {
     absl::MutexLock l(&mu_);
-    ClearLocked();
+    ClearLocked(/*done=*/true);
     metrics_->ObserveRequest(
         "Watch",
         absl::StatusCodeToString(static_cast<absl::StatusCode>(final_status_.error_code())), -1);
@@ -161,17 +163,19 @@ void WatchReactor::RequestFinishLocked(const grpc::Status& status) {
   final_status_ = status;
 }
 
-void WatchReactor::ClearLocked() {
+void WatchReactor::ClearLocked(bool done) {
   live_.clear();
   initial_.clear();
   live_bytes_ = 0;
+  if (done) writing_bytes_ = 0;
   UpdateBacklogLocked();
 }
 
 void WatchReactor::UpdateBacklogLocked() {
-  if (live_bytes_ != backlog_) {
-    cache_->AddBacklog(static_cast<int64_t>(live_bytes_) - static_cast<int64_t>(backlog_));
-    backlog_ = live_bytes_;
+  size_t held = live_bytes_ + writing_bytes_;
+  if (held != backlog_) {
+    cache_->AddBacklog(static_cast<int64_t>(held) - static_cast<int64_t>(backlog_));
+    backlog_ = held;
   }
   over_bound_.store(live_bytes_ > max_queue_bytes_ ||
                         (max_pending_events_ > 0 && live_.size() > max_pending_events_),
@@ -182,7 +186,9 @@ void WatchReactor::CheckStalledLocked(absl::Time now) {
   if (finish_requested_ || !over_bound_.load(std::memory_order_relaxed)) return;
   if (!writing_ || now - write_started_ < stall_timeout_) return;
   size_t bytes = live_bytes_, events = live_.size();
-  ClearLocked();
+  // Its message in flight stays with gRPC until the client reads or goes away, but no longer
+  // holds the writers back.
+  ClearLocked(/*done=*/true);
   metrics_->watchers_too_slow.Increment();
   RequestFinishLocked(
       grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
@@ -218,6 +224,7 @@ WatchReactor::Action WatchReactor::NextLocked() {
     }
     bytes += events.back().size();
   }
+  writing_bytes_ = bytes;
   UpdateBacklogLocked();
 
   std::vector<grpc::Slice> slices;

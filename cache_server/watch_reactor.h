@@ -19,7 +19,8 @@
 // RESOURCE_EXHAUSTED only when its own client has stopped reading: its write in flight has not
 // completed for WatchCache::Options::stall_timeout (HTTP/2 flow control holds it). A watcher past
 // its bound whose client reads is the server's lag, not the client's: the bytes waiting in every
-// watcher's queue count towards the WatchCache's backlog, which slows the writers instead.
+// watcher's queue, and in its message in flight, count towards the WatchCache's backlog, which
+// slows the writers instead.
 //
 // Every message carries the store's identity (WatchEvent.store_id): the message's slices are
 // followed by the encoding of that one field (a protobuf message parses the concatenation of two
@@ -49,7 +50,7 @@ namespace shardcache {
 class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>, public Watcher {
  public:
   // The most bytes of events put in one batched message (a single event may be larger).
-  static constexpr size_t kMaxBatchBytes = 1 << 20;
+  static constexpr size_t kMaxBatchBytes = 256 << 10;
 
   // `max_pending_events`: a bound in events on top of the cache's bound in bytes (0: none).
   // `store_id`: the store's identity, set on every message sent (empty: not set).
@@ -83,8 +84,9 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>, public W
   enum class Action { kNone, kWrite, kFinish };
 
   void RequestFinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops every event waiting (the stream is ending without them).
-  void ClearLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops every event waiting (the stream is ending without them); `done`: the stream is over,
+  // and the message in flight is released too.
+  void ClearLocked(bool done = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the watch as too slow if it is past its bound and its client has stopped reading.
   void CheckStalledLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Keeps the WatchCache's backlog in step with live_bytes_.
@@ -109,7 +111,9 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>, public W
   std::deque<std::pair<v1::WatchEvent::Type, ObjectPtr>> initial_ ABSL_GUARDED_BY(mu_);
   std::deque<grpc::Slice> live_ ABSL_GUARDED_BY(mu_);
   size_t live_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  // live_bytes_ as last added to the cache's backlog.
+  // The bytes of the message in flight (also part of the backlog until its write completes).
+  size_t writing_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // live_bytes_ + writing_bytes_, as last added to the cache's backlog.
   size_t backlog_ ABSL_GUARDED_BY(mu_) = 0;
   // Past its bound: Sweep looks at this watcher (read without the lock).
   std::atomic<bool> over_bound_{false};
