@@ -90,26 +90,36 @@ WatchCache::~WatchCache() {
 }
 
 void WatchCache::Publish(std::vector<EventPtr> events) {
+  // In chunks, each once the backlog has room: a large commit batch (the writes that queued
+  // while the committer was held back) must not land on the watchers all at once.
+  for (size_t begin = 0; begin < events.size(); begin += kPublishChunk) {
+    WaitForBacklog();
+    size_t end = std::min(events.size(), begin + kPublishChunk);
+    std::vector<Item> items;
+    items.reserve(end - begin);
+    for (size_t i = begin; i < end; ++i) {
+      items.push_back(
+          Item{std::move(events[i]), std::make_shared<Encodings>(), {}, {}, 0, absl::OkStatus()});
+    }
+    Enqueue(std::move(items));
+  }
+}
+
+void WatchCache::WaitForBacklog() {
   // Backpressure from the watchers: their clients read, but the server sends more slowly than
   // events come. Polled: it only waits while the server is overloaded.
-  if (backlog_.load(std::memory_order_relaxed) > static_cast<int64_t>(options_.backlog_bytes)) {
-    absl::Time start = absl::Now();
-    while (backlog_.load(std::memory_order_relaxed) >
-           static_cast<int64_t>(options_.backlog_bytes)) {
-      {
-        absl::MutexLock l(&dispatchers_[0]->queue_mu);
-        if (dispatchers_[0]->stopping) break;
-      }
-      absl::SleepFor(absl::Milliseconds(1));
+  if (backlog_.load(std::memory_order_relaxed) <= static_cast<int64_t>(options_.backlog_bytes)) {
+    return;
+  }
+  absl::Time start = absl::Now();
+  while (backlog_.load(std::memory_order_relaxed) > static_cast<int64_t>(options_.backlog_bytes)) {
+    {
+      absl::MutexLock l(&dispatchers_[0]->queue_mu);
+      if (dispatchers_[0]->stopping) break;
     }
-    metrics_->watch_backpressure_seconds.Increment(absl::ToDoubleSeconds(absl::Now() - start));
+    absl::SleepFor(absl::Milliseconds(1));
   }
-  std::vector<Item> items;
-  items.reserve(events.size());
-  for (auto& e : events) {
-    items.push_back(Item{std::move(e), std::make_shared<Encodings>(), {}, {}, 0, absl::OkStatus()});
-  }
-  Enqueue(std::move(items));
+  metrics_->watch_backpressure_seconds.Increment(absl::ToDoubleSeconds(absl::Now() - start));
 }
 
 void WatchCache::PublishResourceGone(const std::string& group_resource, const std::string& version,

@@ -156,7 +156,11 @@ class WatchCache {
                            int64_t revision, absl::Status status);
 
   // Events that may wait for one dispatcher before Publish blocks.
-  static constexpr size_t kMaxQueuedEvents = 4096;
+  static constexpr size_t kMaxQueuedEvents = 256;
+  // Publish hands events to the dispatchers in chunks of this many, each once the backlog has
+  // room, so that what the watchers hold overshoots Options::backlog_bytes by at most about
+  // kMaxQueuedEvents + kPublishChunk events each.
+  static constexpr size_t kPublishChunk = 128;
   // How often each dispatcher calls Watcher::Sweep.
   static constexpr absl::Duration kSweepInterval = absl::Milliseconds(250);
 
@@ -211,6 +215,8 @@ class WatchCache {
   void Dispatch(Dispatcher* d, const Item& item, std::vector<Watcher*>* unflushed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->watchers_mu);
   void Enqueue(std::vector<Item> items);
+  // Waits while the watchers hold more than Options::backlog_bytes.
+  void WaitForBacklog();
   void CountChanged(Dispatcher* d, int delta);
 
   // Constant after construction.
