@@ -257,9 +257,11 @@ void WatchCache::Dispatch(Dispatcher* d, const Item& item, std::vector<Watcher*>
     for (auto w = it->second.begin(); w != it->second.end();) {
       if ((item.gone_version.empty() || (*w)->spec().version == item.gone_version) &&
           (*w)->spec().start_revision < item.gone_revision) {
-        (*w)->End(item.gone_status);
+        // Counted out before it ends, so that whoever sees the end sees the count without it.
+        Watcher* ended = *w;
         w = it->second.erase(w);
         CountChanged(d, -1);
+        ended->End(item.gone_status);
       } else {
         ++w;
       }
