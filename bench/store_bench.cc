@@ -117,6 +117,10 @@ ABSL_FLAG(absl::Duration, drain_timeout, absl::ZeroDuration(),
           "--mode=watch and replication: after the last write is answered, how long the watchers "
           "(the copies) may take to arrive (0: 30s for watch, 5m for replication)");
 ABSL_FLAG(int, max_outstanding_writes, 1000, "--mode=watch: unanswered creates at most");
+ABSL_FLAG(bool, watch_batch, true,
+          "--mode=watch: cache_server's watchers ask for batches (WatchRequest.batch_events: "
+          "several events in one message when more than one waits, as etcd sends them); "
+          "--watch-batch=false: one event per message, as a grpcurl user receives them");
 // --mode=fsync
 ABSL_FLAG(std::string, fsync_dir, "",
           "--mode=fsync: directory for the test file (default: the build tree, which is on the "
@@ -334,6 +338,7 @@ absl::StatusOr<Options> OptionsFromFlags() {
   o.watch.drain_timeout = drain_timeout == absl::ZeroDuration() ? absl::Seconds(30) : drain_timeout;
   o.watch.rpc_timeout = rpc_timeout;
   o.watch.max_outstanding_writes = absl::GetFlag(FLAGS_max_outstanding_writes);
+  o.watch.batch_events = absl::GetFlag(FLAGS_watch_batch);
   if (o.watch.max_outstanding_writes < 1) {
     return absl::InvalidArgumentError("--max-outstanding-writes: must be at least 1");
   }
@@ -790,13 +795,15 @@ class SideServer {
   // cache_server's watches start from its current revision, as etcd's do (see target.h).
   std::unique_ptr<Target> MakeTarget(int channels) const {
     auto ch = Channels(address(), channels);
-    return kind_ == Target::Kind::kCacheServer ? MakeStoreTarget(ch, /*watch_from_now=*/true)
-                                               : MakeEtcdTarget(ch);
+    return kind_ == Target::Kind::kCacheServer
+               ? MakeStoreTarget(ch, /*watch_from_now=*/true, options_.watch.batch_events)
+               : MakeEtcdTarget(ch);
   }
   std::unique_ptr<Target> MakeTargetOn(std::shared_ptr<grpc::Channel> channel) const {
     std::vector<std::shared_ptr<grpc::Channel>> ch = {std::move(channel)};
-    return kind_ == Target::Kind::kCacheServer ? MakeStoreTarget(ch, /*watch_from_now=*/true)
-                                               : MakeEtcdTarget(ch);
+    return kind_ == Target::Kind::kCacheServer
+               ? MakeStoreTarget(ch, /*watch_from_now=*/true, options_.watch.batch_events)
+               : MakeEtcdTarget(ch);
   }
 
  private:

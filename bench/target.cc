@@ -28,8 +28,10 @@ class StoreWatch : public WatchStream, public grpc::ClientReadReactor<v1::WatchE
   // else every change after that revision, synced once the server has sent its headers (it
   // sends them as it takes the watch; every change after the revision comes, from its history if
   // need be).
-  void Start(v1::Store::Stub* stub, absl::Time deadline, const std::string& from_revision) {
+  void Start(v1::Store::Stub* stub, absl::Time deadline, const std::string& from_revision,
+             bool batch_events) {
     *request_.mutable_resource() = BenchResource();
+    request_.set_batch_events(batch_events);
     request_.set_resource_version(from_revision);
     from_revision_ = !from_revision.empty();
     ctx_.set_deadline(absl::ToChronoTime(deadline));
@@ -45,8 +47,20 @@ class StoreWatch : public WatchStream, public grpc::ClientReadReactor<v1::WatchE
 
   void OnReadDone(bool ok) override {
     if (!ok) return;  // OnDone follows with the status
-    const v1::Object& object = event_.object();
-    if (event_.type() == v1::WatchEvent::BOOKMARK) {
+    if (event_.events_size() > 0) {
+      for (const v1::WatchEvent& e : event_.events()) Handle(e);
+    } else {
+      Handle(event_);
+    }
+    StartRead(&event_);
+  }
+  void OnDone(const grpc::Status& status) override { handler_->OnEnded(status); }
+
+ private:
+  // One event, whether it came alone or in a batch.
+  void Handle(const v1::WatchEvent& event) {
+    const v1::Object& object = event.object();
+    if (event.type() == v1::WatchEvent::BOOKMARK) {
       auto it = object.metadata().annotations().find(kInitialEventsEnd);
       if (!synced_ && it != object.metadata().annotations().end() && it->second == "true") {
         synced_ = true;
@@ -55,13 +69,10 @@ class StoreWatch : public WatchStream, public grpc::ClientReadReactor<v1::WatchE
     } else {
       int64_t rv = 0;
       if (!absl::SimpleAtoi(object.metadata().resource_version(), &rv)) rv = -1;
-      handler_->OnEvent(event_.type() == v1::WatchEvent::ADDED, &object, rv);
+      handler_->OnEvent(event.type() == v1::WatchEvent::ADDED, &object, rv);
     }
-    StartRead(&event_);
   }
-  void OnDone(const grpc::Status& status) override { handler_->OnEnded(status); }
 
- private:
   WatchHandler* const handler_;
   grpc::ClientContext ctx_;
   v1::WatchRequest request_;
@@ -72,8 +83,9 @@ class StoreWatch : public WatchStream, public grpc::ClientReadReactor<v1::WatchE
 
 class StoreTarget : public Target {
  public:
-  StoreTarget(std::vector<std::shared_ptr<grpc::Channel>> channels, bool watch_from_now)
-      : watch_from_now_(watch_from_now) {
+  StoreTarget(std::vector<std::shared_ptr<grpc::Channel>> channels, bool watch_from_now,
+              bool batch_events)
+      : watch_from_now_(watch_from_now), batch_events_(batch_events) {
     for (const auto& ch : channels) stubs_.push_back(v1::Store::NewStub(ch));
   }
   Kind kind() const override { return Kind::kCacheServer; }
@@ -146,7 +158,7 @@ class StoreTarget : public Target {
   std::unique_ptr<WatchStream> Watch(int slot, absl::Time deadline,
                                      WatchHandler* handler) override {
     auto w = std::make_unique<StoreWatch>(handler);
-    w->Start(StoreStub(slot), deadline, watch_from_now_ ? CurrentRevision() : "");
+    w->Start(StoreStub(slot), deadline, watch_from_now_ ? CurrentRevision() : "", batch_events_);
     return w;
   }
 
@@ -168,6 +180,7 @@ class StoreTarget : public Target {
 
   std::vector<std::unique_ptr<v1::Store::Stub>> stubs_;
   const bool watch_from_now_;
+  const bool batch_events_;
   absl::Mutex mu_;
   std::string revision_ ABSL_GUARDED_BY(mu_);
 };
@@ -365,8 +378,8 @@ std::string EtcdKey(const v1::ObjectMeta& meta) {
 }
 
 std::unique_ptr<Target> MakeStoreTarget(std::vector<std::shared_ptr<grpc::Channel>> channels,
-                                        bool watch_from_now) {
-  return std::make_unique<StoreTarget>(std::move(channels), watch_from_now);
+                                        bool watch_from_now, bool batch_events) {
+  return std::make_unique<StoreTarget>(std::move(channels), watch_from_now, batch_events);
 }
 
 std::unique_ptr<Target> MakeEtcdTarget(std::vector<std::shared_ptr<grpc::Channel>> channels) {

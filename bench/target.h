@@ -88,8 +88,10 @@ class Target {
 // state (one ADDED event per object, then the initial-events-end bookmark), or, with
 // `watch_from_now`, as etcd's do: every change after the store's revision when the target's
 // first watch opened, and nothing before.
+// With `batch_events`, its watches ask for batches (WatchRequest.batch_events: several events in
+// one message when the server has more than one waiting), as etcd sends them.
 std::unique_ptr<Target> MakeStoreTarget(std::vector<std::shared_ptr<grpc::Channel>> channels,
-                                        bool watch_from_now = false);
+                                        bool watch_from_now = false, bool batch_events = false);
 
 // An etcd (v3 gRPC API) over `channels` (at least one).
 std::unique_ptr<Target> MakeEtcdTarget(std::vector<std::shared_ptr<grpc::Channel>> channels);

@@ -200,7 +200,8 @@ WatchLoadResult RunWatchLoad(const WatchLoadOptions& options,
                              const std::vector<std::shared_ptr<grpc::Channel>>& watch_channels,
                              const std::shared_ptr<grpc::Channel>& write_channel) {
   // Streams that did not end in time point at the targets' stubs: keep them until the exit.
-  auto* watch_target = MakeStoreTarget(watch_channels).release();
+  auto* watch_target =
+      MakeStoreTarget(watch_channels, /*watch_from_now=*/false, options.batch_events).release();
   auto* write_target = MakeStoreTarget({write_channel}).release();
   WatchLoadResult r = RunWatchLoad(options, watch_target, write_target);
   if (r.streams_ended) {

@@ -51,6 +51,8 @@ struct WatchLoadOptions {
   pid_t server_pid = -1;
   // A watcher is late when any event reached it later than this after its write was sent.
   absl::Duration late_after = absl::Milliseconds(100);
+  // cache_server: watches ask for batches (WatchRequest.batch_events).
+  bool batch_events = true;
 };
 
 struct WatchLoadResult {

@@ -55,9 +55,17 @@ ABSL_FLAG(bool, sync, true,
           "crash may be lost (a process crash loses nothing)");
 ABSL_FLAG(absl::Duration, history_age, absl::Hours(1),
           "events older than this leave the watch history window (0: no age limit)");
-ABSL_FLAG(int64_t, watch_queue_events, 1000,
-          "live events that may wait for one watcher; a watcher further behind is ended with "
-          "RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, watch_queue_events, 0,
+          "live events that may wait for one watcher, on top of --watch-queue-bytes (0: no bound "
+          "in events)");
+ABSL_FLAG(int64_t, watch_queue_bytes, 1 << 20,
+          "bytes of live events that may wait for one watcher; a watcher further behind is ended "
+          "with RESOURCE_EXHAUSTED once its client has read nothing for --watch-stall-timeout");
+ABSL_FLAG(absl::Duration, watch_stall_timeout, absl::Seconds(5),
+          "how long a watcher past --watch-queue-bytes may leave a message unread before it is "
+          "ended; a watcher that reads is never ended: the writers are slowed instead");
+ABSL_FLAG(int32_t, watch_dispatchers, 2,
+          "threads that fan events out to watchers (each serves a share of the watchers)");
 ABSL_FLAG(absl::Duration, bookmark_interval, absl::Seconds(5),
           "how often idle watchers receive a BOOKMARK event");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
@@ -150,8 +158,21 @@ absl::StatusOr<Config> ConfigFromFlags() {
     return absl::InvalidArgumentError("--history-events: must be at least 1");
   }
   int64_t queue = absl::GetFlag(FLAGS_watch_queue_events);
-  if (queue < 1) return absl::InvalidArgumentError("--watch-queue-events: must be at least 1");
+  if (queue < 0) return absl::InvalidArgumentError("--watch-queue-events: must not be negative");
   c.service.watch_queue_events = static_cast<size_t>(queue);
+  int64_t queue_bytes = absl::GetFlag(FLAGS_watch_queue_bytes);
+  if (queue_bytes < 1024) {
+    return absl::InvalidArgumentError("--watch-queue-bytes: must be at least 1024");
+  }
+  c.watch.watcher_queue_bytes = static_cast<size_t>(queue_bytes);
+  c.watch.stall_timeout = absl::GetFlag(FLAGS_watch_stall_timeout);
+  if (c.watch.stall_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--watch-stall-timeout: must be positive");
+  }
+  c.watch.dispatchers = absl::GetFlag(FLAGS_watch_dispatchers);
+  if (c.watch.dispatchers < 1 || c.watch.dispatchers > 64) {
+    return absl::InvalidArgumentError("--watch-dispatchers: must be between 1 and 64");
+  }
   c.watch.bookmark_interval = absl::GetFlag(FLAGS_bookmark_interval);
   if (c.watch.bookmark_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--bookmark-interval: must be positive");

@@ -39,6 +39,9 @@ StoreMetrics::StoreMetrics(std::shared_ptr<prometheus::Registry> registry)
               .Add({}, prometheus::Histogram::BucketBoundaries{0.0005, 0.001, 0.0025, 0.005, 0.01,
                                                                0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
                                                                5})),
+      watch_backpressure_seconds(MakeCounter(
+          *registry, "shardcache_store_watch_backpressure_seconds_total",
+          "Time the committer waited for watchers to catch up, holding back acknowledgements.")),
       registry_(std::move(registry)),
       requests_(prometheus::BuildCounter()
                     .Name("shardcache_grpc_requests_total")

@@ -34,6 +34,8 @@ class StoreMetrics {
   prometheus::Counter& writes;             // committed writes
   // How long each durable commit took: one batch of writes written and synced to disk.
   prometheus::Histogram& commit_seconds;
+  // Time the committer waited for the watch fan-out (backpressure on the writers).
+  prometheus::Counter& watch_backpressure_seconds;
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;

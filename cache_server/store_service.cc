@@ -119,6 +119,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* StoreService::Watch(grpc::CallbackSe
   absl::Status started = ParseRequest(*raw, &req);
   if (started.ok()) started = AuthorizeCall(options_.authorizer, *ctx, "Watch", &req);
   if (started.ok()) {
+    reactor->set_batch_events(req.batch_events());
     // The headers go out now, before the watcher is registered (nothing else touches the
     // reactor yet), so that a client learns the store's identity before any event.
     ctx->AddInitialMetadata(kStoreIdMetadataKey, store_->store_id());

@@ -1,20 +1,34 @@
 #include "cache_server/watch_cache.h"
 
-#include <grpcpp/impl/codegen/proto_utils.h>
+#include <google/protobuf/io/coded_stream.h>
+#include <grpc/slice.h>
 
 #include <algorithm>
 #include <optional>
 
+#include "absl/base/call_once.h"
+
 namespace shardcache {
 
-grpc::ByteBuffer EncodeWatchEvent(v1::WatchEvent::Type type, const v1::Object& object) {
-  v1::WatchEvent event;
-  event.set_type(type);
-  *event.mutable_object() = object;
-  grpc::ByteBuffer buffer;
-  bool own = false;
-  (void)grpc::SerializationTraits<v1::WatchEvent>::Serialize(event, &buffer, &own);
-  return buffer;
+grpc::Slice EncodeWatchEvent(v1::WatchEvent::Type type, const v1::Object& object) {
+  using google::protobuf::io::CodedOutputStream;
+  // WatchEvent{type: 1 (varint), object: 2 (length-delimited)}, written by hand so that the
+  // shared, read-only object is serialized in place rather than copied into a WatchEvent.
+  // (Protobuf's cached sizes are atomic: concurrent serializations of one object are safe.)
+  const size_t object_size = object.ByteSizeLong();
+  const size_t size = (type != 0 ? 1 + CodedOutputStream::VarintSize32(type) : 0) + 1 +
+                      CodedOutputStream::VarintSize32(static_cast<uint32_t>(object_size)) +
+                      object_size;
+  grpc_slice slice = grpc_slice_malloc(size);
+  uint8_t* p = GRPC_SLICE_START_PTR(slice);
+  if (type != 0) {
+    *p++ = (1 << 3) | 0;
+    p = CodedOutputStream::WriteVarint32ToArray(static_cast<uint32_t>(type), p);
+  }
+  *p++ = (2 << 3) | 2;
+  p = CodedOutputStream::WriteVarint32ToArray(static_cast<uint32_t>(object_size), p);
+  object.SerializeWithCachedSizesToArray(p);
+  return grpc::Slice(slice, grpc::Slice::STEAL_REF);
 }
 
 ObjectPtr EffectiveObject(const Event& e, v1::WatchEvent::Type type) {
@@ -42,135 +56,237 @@ v1::WatchEvent::Type EffectiveType(const Event& e, const ObjectFilter& filter) {
   }
 }
 
+struct WatchCache::Encodings {
+  absl::once_flag once[4];
+  std::optional<Delivery> deliveries[4];
+
+  // The event as watchers that see it as `type` receive it. Thread-safe.
+  const Delivery& Get(const Event& e, v1::WatchEvent::Type type) {
+    absl::call_once(once[type], [&] {
+      ObjectPtr object = EffectiveObject(e, type);
+      grpc::Slice encoded = EncodeWatchEvent(type, *object);
+      deliveries[type] = Delivery{type, std::move(object), std::move(encoded)};
+    });
+    return *deliveries[type];
+  }
+};
+
 WatchCache::WatchCache(Options options, StoreMetrics* metrics)
-    : options_(options), metrics_(metrics), dispatcher_([this] { Run(); }) {}
+    : options_(options), metrics_(metrics) {
+  int n = std::max(1, options_.dispatchers);
+  for (int i = 0; i < n; ++i) dispatchers_.push_back(std::make_unique<Dispatcher>());
+  for (auto& d : dispatchers_) {
+    Dispatcher* raw = d.get();
+    d->thread = std::thread([this, raw] { Run(raw); });
+  }
+}
 
 WatchCache::~WatchCache() {
-  {
-    absl::MutexLock l(&queue_mu_);
-    stopping_ = true;
+  for (auto& d : dispatchers_) {
+    absl::MutexLock l(&d->queue_mu);
+    d->stopping = true;
   }
-  dispatcher_.join();
+  for (auto& d : dispatchers_) d->thread.join();
 }
 
 void WatchCache::Publish(std::vector<EventPtr> events) {
-  absl::MutexLock l(&queue_mu_);
-  auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_) {
-    return stopping_ || queue_.size() < kMaxQueuedEvents;
-  };
-  queue_mu_.Await(absl::Condition(&room));
-  for (auto& e : events) queue_.push_back(Item{std::move(e), {}, {}, 0, absl::OkStatus()});
+  // In chunks, each once the backlog has room: a large commit batch (the writes that queued
+  // while the committer was held back) must not land on the watchers all at once.
+  for (size_t begin = 0; begin < events.size(); begin += kPublishChunk) {
+    WaitForBacklog();
+    size_t end = std::min(events.size(), begin + kPublishChunk);
+    std::vector<Item> items;
+    items.reserve(end - begin);
+    for (size_t i = begin; i < end; ++i) {
+      items.push_back(
+          Item{std::move(events[i]), std::make_shared<Encodings>(), {}, {}, 0, absl::OkStatus()});
+    }
+    Enqueue(std::move(items));
+  }
+}
+
+void WatchCache::WaitForBacklog() {
+  // Backpressure from the watchers: their clients read, but the server sends more slowly than
+  // events come. Polled: it only waits while the server is overloaded.
+  if (backlog_.load(std::memory_order_relaxed) <= static_cast<int64_t>(options_.backlog_bytes)) {
+    return;
+  }
+  absl::Time start = absl::Now();
+  while (backlog_.load(std::memory_order_relaxed) > static_cast<int64_t>(options_.backlog_bytes)) {
+    {
+      absl::MutexLock l(&dispatchers_[0]->queue_mu);
+      if (dispatchers_[0]->stopping) break;
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  metrics_->watch_backpressure_seconds.Increment(absl::ToDoubleSeconds(absl::Now() - start));
 }
 
 void WatchCache::PublishResourceGone(const std::string& group_resource, const std::string& version,
                                      int64_t revision, absl::Status status) {
-  absl::MutexLock l(&queue_mu_);
-  queue_.push_back(Item{nullptr, group_resource, version, revision, std::move(status)});
+  std::vector<Item> items;
+  items.push_back(Item{nullptr, nullptr, group_resource, version, revision, std::move(status)});
+  Enqueue(std::move(items));
+}
+
+void WatchCache::Enqueue(std::vector<Item> items) {
+  for (auto& d : dispatchers_) {
+    absl::MutexLock l(&d->queue_mu);
+    auto room = [&d]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->queue_mu) {
+      return d->stopping || d->queue.size() < kMaxQueuedEvents;
+    };
+    if (!room()) {
+      absl::Time start = absl::Now();
+      d->queue_mu.Await(absl::Condition(&room));
+      metrics_->watch_backpressure_seconds.Increment(absl::ToDoubleSeconds(absl::Now() - start));
+    }
+    d->queue.insert(d->queue.end(), items.begin(), items.end());
+  }
+}
+
+void WatchCache::CountChanged(Dispatcher* d, int delta) {
+  d->count.fetch_add(delta);
+  int64_t total = watcher_count_.fetch_add(delta) + delta;
+  metrics_->watchers.Set(static_cast<double>(total));
 }
 
 absl::Status WatchCache::Register(Watcher* watcher) {
-  absl::MutexLock l(&watchers_mu_);
+  absl::MutexLock r(&reg_mu_);
   if (shutting_down_) return absl::UnavailableError("server shutting down");
-  watchers_[watcher->spec().group_resource].insert(watcher);
-  ++watcher_count_;
-  metrics_->watchers.Set(static_cast<double>(watcher_count_));
+  int best = 0;
+  for (int i = 1; i < static_cast<int>(dispatchers_.size()); ++i) {
+    if (dispatchers_[i]->count.load() < dispatchers_[best]->count.load()) best = i;
+  }
+  Dispatcher* d = dispatchers_[best].get();
+  watcher->dispatcher_ = best;
+  absl::MutexLock l(&d->watchers_mu);
+  d->watchers[watcher->spec().group_resource].insert(watcher);
+  CountChanged(d, 1);
   return absl::OkStatus();
 }
 
 void WatchCache::Unregister(Watcher* watcher) {
-  absl::MutexLock l(&watchers_mu_);
-  auto it = watchers_.find(watcher->spec().group_resource);
-  if (it == watchers_.end() || it->second.erase(watcher) == 0) return;
-  if (it->second.empty()) watchers_.erase(it);
-  --watcher_count_;
-  metrics_->watchers.Set(static_cast<double>(watcher_count_));
+  int index;
+  {
+    absl::MutexLock r(&reg_mu_);
+    index = watcher->dispatcher_;
+  }
+  if (index < 0) return;
+  Dispatcher* d = dispatchers_[index].get();
+  {
+    absl::MutexLock l(&d->watchers_mu);
+    auto it = d->watchers.find(watcher->spec().group_resource);
+    if (it == d->watchers.end() || it->second.erase(watcher) == 0) return;
+    if (it->second.empty()) d->watchers.erase(it);
+    CountChanged(d, -1);
+  }
+  // Wakes a Shutdown waiting for the count to reach zero.
+  absl::MutexLock r(&reg_mu_);
 }
 
-size_t WatchCache::watcher_count() const {
-  absl::MutexLock l(&watchers_mu_);
-  return watcher_count_;
-}
+size_t WatchCache::watcher_count() const { return static_cast<size_t>(watcher_count_.load()); }
 
 size_t WatchCache::Shutdown(absl::Duration timeout) {
-  absl::MutexLock l(&watchers_mu_);
+  absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock r(&reg_mu_);
   shutting_down_ = true;
-  for (auto& [gr, set] : watchers_) {
-    for (Watcher* w : set) w->End(absl::UnavailableError("server shutting down"));
+  for (auto& d : dispatchers_) {
+    absl::MutexLock l(&d->watchers_mu);
+    for (auto& [gr, set] : d->watchers) {
+      for (Watcher* w : set) w->End(absl::UnavailableError("server shutting down"));
+    }
   }
-  auto all_gone = [this]()
-                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(watchers_mu_) { return watcher_count_ == 0; };
-  watchers_mu_.AwaitWithTimeout(absl::Condition(&all_gone), timeout);
-  return watcher_count_;
+  auto all_gone = [this]() { return watcher_count_.load() == 0; };
+  // Unregister takes reg_mu_ after each removal, which re-evaluates the condition; watchers
+  // ended by a resource-gone marker do not, hence the bounded waits.
+  while (!all_gone() && absl::Now() < deadline) {
+    reg_mu_.AwaitWithDeadline(absl::Condition(&all_gone),
+                              std::min(deadline, absl::Now() + absl::Milliseconds(50)));
+  }
+  return static_cast<size_t>(watcher_count_.load());
 }
 
-void WatchCache::Run() {
+void WatchCache::Run(Dispatcher* d) {
   absl::Time next_bookmark = absl::Now() + options_.bookmark_interval;
+  absl::Time next_sweep = absl::Now() + kSweepInterval;
+  std::deque<Item> batch;
+  std::vector<Watcher*> unflushed;
   while (true) {
-    std::deque<Item> batch;
     {
-      absl::MutexLock l(&queue_mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_) {
-        return stopping_ || !queue_.empty();
+      absl::MutexLock l(&d->queue_mu);
+      auto ready = [d]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->queue_mu) {
+        return d->stopping || !d->queue.empty();
       };
-      queue_mu_.AwaitWithDeadline(absl::Condition(&ready), next_bookmark);
-      if (stopping_) return;
-      batch.swap(queue_);
+      d->queue_mu.AwaitWithDeadline(absl::Condition(&ready), std::min(next_bookmark, next_sweep));
+      if (d->stopping) return;
+      batch.swap(d->queue);
     }
-    absl::MutexLock l(&watchers_mu_);
-    for (const Item& item : batch) Dispatch(item);
-    if (absl::Now() >= next_bookmark) {
-      SendBookmarks();
-      next_bookmark = absl::Now() + options_.bookmark_interval;
+    absl::MutexLock l(&d->watchers_mu);
+    // Every event taken goes out before any is sent: a watcher gets the run in one write (as one
+    // batch, when it asked for batches) rather than the first event alone.
+    for (const Item& item : batch) Dispatch(d, item, &unflushed);
+    batch.clear();
+    for (Watcher* w : unflushed) {
+      w->unflushed_ = false;
+      w->Flush();
+    }
+    unflushed.clear();
+    absl::Time now = absl::Now();
+    if (now >= next_sweep) {
+      for (auto& [gr, set] : d->watchers) {
+        for (Watcher* w : set) w->Sweep(now);
+      }
+      next_sweep = now + kSweepInterval;
+    }
+    if (now >= next_bookmark) {
+      for (auto& [gr, set] : d->watchers) {
+        for (Watcher* w : set) {
+          w->Bookmark(std::max(d->dispatched_revision, w->spec().start_revision));
+        }
+      }
+      next_bookmark = now + options_.bookmark_interval;
     }
   }
 }
 
-void WatchCache::Dispatch(const Item& item) {
+void WatchCache::Dispatch(Dispatcher* d, const Item& item, std::vector<Watcher*>* unflushed) {
   if (item.event == nullptr) {
-    auto it = watchers_.find(item.gone_resource);
-    if (it == watchers_.end()) return;
+    auto it = d->watchers.find(item.gone_resource);
+    if (it == d->watchers.end()) return;
     // Ended watchers leave the set at once, so that nothing more is delivered to them.
     for (auto w = it->second.begin(); w != it->second.end();) {
       if ((item.gone_version.empty() || (*w)->spec().version == item.gone_version) &&
           (*w)->spec().start_revision < item.gone_revision) {
-        (*w)->End(item.gone_status);
+        // Counted out before it ends, so that whoever sees the end sees the count without it.
+        Watcher* ended = *w;
         w = it->second.erase(w);
-        --watcher_count_;
+        CountChanged(d, -1);
+        ended->End(item.gone_status);
       } else {
         ++w;
       }
     }
-    if (it->second.empty()) watchers_.erase(it);
-    metrics_->watchers.Set(static_cast<double>(watcher_count_));
+    if (it->second.empty()) d->watchers.erase(it);
     return;
   }
   const Event& e = *item.event;
-  dispatched_revision_ = std::max(dispatched_revision_, e.revision);
-  auto it = watchers_.find(e.group_resource);
-  if (it == watchers_.end()) return;
-  // Encoded at most once per type, for all the watchers that see the event that way.
-  std::optional<Delivery> deliveries[4];
+  d->dispatched_revision = std::max(d->dispatched_revision, e.revision);
+  auto it = d->watchers.find(e.group_resource);
+  if (it == d->watchers.end()) return;
+  int64_t delivered = 0;
   for (Watcher* w : it->second) {
     const WatchSpec& spec = w->spec();
     if (e.revision <= spec.start_revision) continue;
     v1::WatchEvent::Type type = EffectiveType(e, spec.filter);
     if (type == v1::WatchEvent::TYPE_UNSPECIFIED) continue;
-    std::optional<Delivery>& d = deliveries[type];
-    if (!d.has_value()) {
-      ObjectPtr object = EffectiveObject(e, type);
-      d = Delivery{type, object, EncodeWatchEvent(type, *object)};
+    w->Deliver(item.forms->Get(e, type));
+    if (!w->unflushed_) {
+      w->unflushed_ = true;
+      unflushed->push_back(w);
     }
-    w->Deliver(*d);
-    metrics_->events_dispatched.Increment();
+    ++delivered;
   }
-}
-
-void WatchCache::SendBookmarks() {
-  for (auto& [gr, set] : watchers_) {
-    for (Watcher* w : set) {
-      w->Bookmark(std::max(dispatched_revision_, w->spec().start_revision));
-    }
-  }
+  if (delivered > 0) metrics_->events_dispatched.Increment(static_cast<double>(delivered));
 }
 
 }  // namespace shardcache

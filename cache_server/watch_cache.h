@@ -1,23 +1,37 @@
 // WatchCache: fans the store's events out to its watchers, in revision order, off the write path.
 //
-// The ObjectStore's committer thread publishes each event once it is durable, in revision order;
-// a single dispatcher thread delivers them to every watcher of the event's resource whose
-// filters the object matches before or after the change. An update that makes an object stop
-// matching is delivered as DELETED, one that makes it start matching as ADDED (as Kubernetes'
-// watch cache does). The dispatcher also sends periodic bookmarks, and ends the watchers of a
-// resource that stops being served, after that resource's last events.
+// The ObjectStore's committer thread publishes each event once it is durable, in revision order.
+// The watchers are shared out among `Options::dispatchers` dispatcher threads (each watcher is
+// given, when it registers, to the thread with the fewest), and every dispatcher receives every
+// event: it delivers it to those of its watchers of the event's resource whose filters the object
+// matches before or after the change. An update that makes an object stop matching is delivered
+// as DELETED, one that makes it start matching as ADDED (as Kubernetes' watch cache does). Each
+// dispatcher also sends its watchers periodic bookmarks, asks them about every kSweepInterval
+// whether their clients still read (Watcher::Sweep), and ends the watchers of a resource that
+// stops being served, after that resource's last events.
+//
+// An event is serialized at most once per type in which watchers see it (usually once), by
+// whichever dispatcher needs it first; every watcher that sees it that way shares those bytes.
 //
 // A watcher is registered by the store under the store's lock together with its starting
 // revision and its initial events, so that no event falls between the two: the dispatcher skips
 // events at or below a watcher's starting revision.
 //
-// Thread-safety: all methods are thread-safe. Watcher callbacks (Deliver, Bookmark, End) are
-// called from the dispatcher thread (End also from Shutdown's caller) and must never block.
+// Backpressure: `Publish` blocks while a dispatcher has kMaxQueuedEvents waiting, or while the
+// watchers' queues hold more than `Options::backlog_bytes` together (the server is not sending as
+// fast as events come; a client that stopped reading holds at most its own bound, and not for
+// longer than the stall timeout). The publisher, the store's committer, then holds back
+// acknowledgements: writers are slowed, and no reading watcher is ended for the server's lag.
+//
+// Thread-safety: all methods are thread-safe. Watcher callbacks (Deliver, Flush, Bookmark, Sweep,
+// End) are called from the watcher's dispatcher thread (End also from Shutdown's caller) and must
+// never block.
 #ifndef SHARDCACHE_CACHE_SERVER_WATCH_CACHE_H_
 #define SHARDCACHE_CACHE_SERVER_WATCH_CACHE_H_
 
-#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/slice.h>
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -56,15 +70,17 @@ struct WatchSpec {
 };
 
 // One event as a watcher receives it: its type for that watcher, the object, and the WatchEvent
-// message already serialized (once per event and type, shared by every watcher that gets it).
+// message (type and object, no store_id) already serialized, once per event and type: the slice
+// is reference-counted and shared by every watcher that gets it.
 struct Delivery {
   v1::WatchEvent::Type type;
   ObjectPtr object;
-  grpc::ByteBuffer encoded;
+  grpc::Slice encoded;
 };
 
-// Serializes a WatchEvent of `type` carrying `object`.
-grpc::ByteBuffer EncodeWatchEvent(v1::WatchEvent::Type type, const v1::Object& object);
+// Serializes a WatchEvent of `type` carrying `object` (no store_id) into one slice, without
+// copying the object.
+grpc::Slice EncodeWatchEvent(v1::WatchEvent::Type type, const v1::Object& object);
 
 // The receiving end of a watch, implemented by the Watch RPC's reactor (and by tests).
 class Watcher {
@@ -76,12 +92,26 @@ class Watcher {
   virtual void Init(WatchSpec spec,
                     std::vector<std::pair<v1::WatchEvent::Type, ObjectPtr>> initial) = 0;
   virtual const WatchSpec& spec() const = 0;
-  // An event for this watcher, with its type as the watcher sees it.
+  // An event for this watcher, with its type as the watcher sees it. The watcher may hold it
+  // until Flush, so that the events of one run go out together.
   virtual void Deliver(const Delivery& delivery) = 0;
+  // Called after the Deliver calls of one run of events (at least once after any Deliver).
+  virtual void Flush() {}
   // Every event up to `revision` has been delivered.
   virtual void Bookmark(int64_t revision) = 0;
+  // Called about every WatchCache::kSweepInterval: a watcher whose client has stopped reading
+  // may end itself here, even when no event comes to it any more (the writers may be held back).
+  virtual void Sweep(absl::Time /*now*/) {}
   // The watch is over with this status; nothing is delivered after it.
   virtual void End(const absl::Status& status) = 0;
+
+ private:
+  friend class WatchCache;
+  // The dispatcher that serves this watcher; -1 while it is not registered. Written by Register
+  // before the watcher can be unregistered.
+  int dispatcher_ = -1;
+  // Delivered to since the last Flush; only touched by its dispatcher, under its watchers_mu.
+  bool unflushed_ = false;
 };
 
 // The type of `event` as a watcher with `filter` sees it (an update that crosses the filter
@@ -97,24 +127,42 @@ class WatchCache {
   struct Options {
     // How often every watcher receives a bookmark.
     absl::Duration bookmark_interval = absl::Seconds(5);
+    // Dispatcher threads (at least 1).
+    int dispatchers = 2;
+    // Read by each watcher (WatchReactor): the bytes of live events that may wait for it before
+    // it counts as behind; a watcher behind whose client has not taken a message for
+    // `stall_timeout` (its stream's flow control stays closed) is ended with RESOURCE_EXHAUSTED.
+    size_t watcher_queue_bytes = 1 << 20;
+    absl::Duration stall_timeout = absl::Seconds(5);
+    // The bytes of live events waiting in all watchers' queues together (each event counted once
+    // per watcher; the bytes themselves are shared) before Publish blocks (backpressure).
+    size_t backlog_bytes = 64 << 20;
   };
 
   WatchCache(Options options, StoreMetrics* metrics);
-  // Stops the dispatcher. Watchers still registered are not ended: call Shutdown first.
+  // Stops the dispatchers. Watchers still registered are not ended: call Shutdown first.
   ~WatchCache();
   WatchCache(const WatchCache&) = delete;
   WatchCache& operator=(const WatchCache&) = delete;
 
+  const Options& options() const { return options_; }
+
   // Queues committed events for dispatch. REQUIRES: called in revision order, from one thread.
-  // Blocks while kMaxQueuedEvents wait for the dispatcher: the publisher (the store's committer)
-  // then slows the writers down instead of letting the backlog grow without bound.
+  // Blocks while the dispatchers or the watchers are too far behind (see Backpressure above).
   void Publish(std::vector<EventPtr> events);
   // After the events published so far, ends the watchers of `group_resource` (only those of
   // `version`, when it is not empty) that started before `revision`, with `status`.
   void PublishResourceGone(const std::string& group_resource, const std::string& version,
                            int64_t revision, absl::Status status);
 
-  static constexpr size_t kMaxQueuedEvents = 100000;
+  // Events that may wait for one dispatcher before Publish blocks.
+  static constexpr size_t kMaxQueuedEvents = 256;
+  // Publish hands events to the dispatchers in chunks of this many, each once the backlog has
+  // room, so that what the watchers hold overshoots Options::backlog_bytes by at most about
+  // kMaxQueuedEvents + kPublishChunk events each.
+  static constexpr size_t kPublishChunk = 128;
+  // How often each dispatcher calls Watcher::Sweep.
+  static constexpr absl::Duration kSweepInterval = absl::Milliseconds(250);
 
   // Adds a watcher. REQUIRES: the caller holds the store's lock, so that no event with a revision
   // above watcher->spec().start_revision has been published yet. Fails with UNAVAILABLE once
@@ -122,6 +170,9 @@ class WatchCache {
   absl::Status Register(Watcher* watcher);
   // Removes a watcher; after it returns no callback will reach it. Safe to call twice.
   void Unregister(Watcher* watcher);
+
+  // The bytes queued for a watcher changed by `delta` (WatchReactor). Thread-safe, lock-free.
+  void AddBacklog(int64_t delta) { backlog_.fetch_add(delta, std::memory_order_relaxed); }
 
   // Ends every watcher with UNAVAILABLE ("server shutting down"), refuses new ones, and waits
   // up to `timeout` for all of them to unregister. Returns how many were still registered.
@@ -131,35 +182,54 @@ class WatchCache {
   size_t watcher_count() const;
 
  private:
+  // Serialized forms of one event, made at most once per type (by the first dispatcher to need
+  // one) and shared by all dispatchers.
+  struct Encodings;
   struct Item {
-    EventPtr event;             // set for an event
-    std::string gone_resource;  // set for a resource-gone marker
+    EventPtr event;                    // set for an event
+    std::shared_ptr<Encodings> forms;  // with the event
+    std::string gone_resource;         // set for a resource-gone marker
     std::string gone_version;
     int64_t gone_revision = 0;
     absl::Status gone_status;
   };
+  // One dispatcher thread and its watchers.
+  struct Dispatcher {
+    absl::Mutex queue_mu;
+    std::deque<Item> queue ABSL_GUARDED_BY(queue_mu);
+    bool stopping ABSL_GUARDED_BY(queue_mu) = false;
 
-  void Run();
-  void Dispatch(const Item& item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(watchers_mu_);
-  void SendBookmarks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(watchers_mu_);
+    // Lock order: WatchCache::reg_mu_, then watchers_mu, then any watcher's own lock.
+    absl::Mutex watchers_mu;
+    std::map<std::string, std::set<Watcher*>> watchers ABSL_GUARDED_BY(watchers_mu);
+    std::atomic<size_t> count{0};
+    // The highest revision delivered to every watcher of this dispatcher.
+    int64_t dispatched_revision ABSL_GUARDED_BY(watchers_mu) = 0;
+
+    std::thread thread;
+  };
+
+  void Run(Dispatcher* d);
+  // Delivers one item; appends the watchers it delivered to first since their last Flush to
+  // `unflushed`.
+  void Dispatch(Dispatcher* d, const Item& item, std::vector<Watcher*>* unflushed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->watchers_mu);
+  void Enqueue(std::vector<Item> items);
+  // Waits while the watchers hold more than Options::backlog_bytes.
+  void WaitForBacklog();
+  void CountChanged(Dispatcher* d, int delta);
 
   // Constant after construction.
   const Options options_;
   StoreMetrics* const metrics_;
+  std::vector<std::unique_ptr<Dispatcher>> dispatchers_;
 
-  mutable absl::Mutex queue_mu_;
-  std::deque<Item> queue_ ABSL_GUARDED_BY(queue_mu_);
-  bool stopping_ ABSL_GUARDED_BY(queue_mu_) = false;
+  // Bytes queued for watchers, summed (see AddBacklog).
+  std::atomic<int64_t> backlog_{0};
+  std::atomic<int64_t> watcher_count_{0};
 
-  // Lock order: watchers_mu_ before any watcher's own lock.
-  mutable absl::Mutex watchers_mu_;
-  std::map<std::string, std::set<Watcher*>> watchers_ ABSL_GUARDED_BY(watchers_mu_);
-  size_t watcher_count_ ABSL_GUARDED_BY(watchers_mu_) = 0;
-  bool shutting_down_ ABSL_GUARDED_BY(watchers_mu_) = false;
-  // The highest revision delivered to every watcher.
-  int64_t dispatched_revision_ ABSL_GUARDED_BY(watchers_mu_) = 0;
-
-  std::thread dispatcher_;
+  mutable absl::Mutex reg_mu_;
+  bool shutting_down_ ABSL_GUARDED_BY(reg_mu_) = false;
 };
 
 }  // namespace shardcache

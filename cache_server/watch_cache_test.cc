@@ -3,8 +3,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/testing/wait.h"
 
 namespace shardcache {
 namespace {
@@ -154,6 +158,58 @@ TEST_F(WatchCacheTest, ResourceGone_SparesWatchersThatStartedAfterIt) {
   EXPECT_THAT(new_watcher.WaitFor(1), ElementsAre("ADDED a web"));
   cache.Unregister(&old_watcher);
   cache.Unregister(&new_watcher);
+}
+
+TEST_F(WatchCacheTest, Dispatchers_ShareTheWatchers_EachGetsEveryEventInOrder) {
+  WatchCache::Options options{absl::Seconds(60)};
+  options.dispatchers = 3;
+  WatchCache cache(options, &metrics_);
+  std::vector<std::unique_ptr<FakeWatcher>> watchers;
+  for (int i = 0; i < 7; ++i) {
+    watchers.push_back(std::make_unique<FakeWatcher>(Spec(0)));
+    ASSERT_TRUE(cache.Register(watchers.back().get()).ok());
+  }
+  std::vector<std::string> want;
+  for (int batch = 0; batch < 10; ++batch) {
+    std::vector<EventPtr> events;
+    for (int i = 0; i < 5; ++i) {
+      std::string name = absl::StrCat("o", batch * 5 + i);
+      events.push_back(MakeEvent(batch * 5 + i + 1, v1::WatchEvent::ADDED, name, "web"));
+      want.push_back(absl::StrCat("ADDED ", name, " web"));
+    }
+    cache.Publish(std::move(events));
+  }
+  for (auto& w : watchers) EXPECT_EQ(w->WaitFor(want.size()), want);
+  EXPECT_EQ(cache.watcher_count(), 7u);
+  for (auto& w : watchers) cache.Unregister(w.get());
+  EXPECT_EQ(cache.watcher_count(), 0u);
+}
+
+TEST_F(WatchCacheTest, Publish_WaitsWhileWatchersHoldMoreThanTheBacklog) {
+  WatchCache::Options options{absl::Seconds(60)};
+  options.backlog_bytes = 1000;
+  WatchCache cache(options, &metrics_);
+  FakeWatcher w(Spec(0));
+  ASSERT_TRUE(cache.Register(&w).ok());
+  cache.AddBacklog(1001);  // as reactors do for the bytes they hold
+
+  std::atomic<bool> returned{false};
+  std::atomic<pid_t> tid{0};
+  std::thread publisher([&] {
+    tid = testing::ThisThreadId();
+    cache.Publish({MakeEvent(2, v1::WatchEvent::ADDED, "a", "web")});
+    returned = true;
+  });
+  ASSERT_TRUE(
+      testing::Eventually([&] { return returned || (tid != 0 && testing::ThreadAsleep(tid)); },
+                          "Publish returns or waits"));
+  EXPECT_FALSE(returned) << "Publish went through a full backlog";
+  EXPECT_TRUE(w.WaitFor(0).empty());
+
+  cache.AddBacklog(-1001);  // the watchers caught up
+  publisher.join();
+  EXPECT_THAT(w.WaitFor(1), ElementsAre("ADDED a web"));
+  cache.Unregister(&w);
 }
 
 }  // namespace

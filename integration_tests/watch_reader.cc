@@ -48,7 +48,15 @@ void WatchReader::Run() {
   v1::WatchEvent e;
   while (reader_->Read(&e)) {
     absl::MutexLock l(&mu_);
-    events_.push_back(e);
+    if (e.events_size() == 0) {
+      events_.push_back(e);
+      continue;
+    }
+    // A batch (WatchRequest.batch_events): its events, one by one, each with the batch's store.
+    for (v1::WatchEvent& one : *e.mutable_events()) {
+      one.set_store_id(e.store_id());
+      events_.push_back(std::move(one));
+    }
   }
   grpc::Status s = reader_->Finish();
   absl::MutexLock l(&mu_);

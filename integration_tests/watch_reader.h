@@ -1,6 +1,7 @@
 // WatchReader: one Watch stream, read by its own thread into a queue so that a test can wait, with
 // a timeout, for its events (one at a time, as summaries, up to the initial-events-end bookmark,
-// or up to a bookmark at a revision) and for its final status. Plus the small helpers that tests
+// or up to a bookmark at a revision) and for its final status. A request with batch_events is
+// read as the same events one by one. Plus the small helpers that tests
 // of watches share to build requests and to compare events.
 //
 // Thread-compatible: use a reader from one thread (its own reading thread is internal).
