@@ -73,9 +73,11 @@ ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
 ABSL_FLAG(absl::Duration, keepalive_time, absl::Seconds(10),
           "how often the server pings a client connection (HTTP/2 PING) to find out whether it "
           "is still alive, even while no call is open");
-ABSL_FLAG(absl::Duration, keepalive_timeout, absl::Seconds(5),
-          "a connection whose ping is not answered within this time is closed, and its calls "
-          "(watches included) end");
+// 20 s, as etcd's and gRPC's own default: gRPC also makes it the socket's TCP_USER_TIMEOUT, so a
+// shorter one ends every watch of a client whose machine is busy for a few seconds.
+ABSL_FLAG(absl::Duration, keepalive_timeout, absl::Seconds(20),
+          "a connection whose ping is not answered within this time (or whose sent data is not "
+          "acknowledged within it) is closed, and its calls (watches included) end");
 ABSL_FLAG(absl::Duration, keepalive_min_client_interval, absl::Seconds(5),
           "the shortest interval between a client's keepalive pings that the server accepts "
           "(clients that ping more often are told to go away); at most the clients' "
