@@ -519,6 +519,18 @@ _HEREDOC = re.compile(r"<<-?\s*(['\"]?)([A-Za-z_][A-Za-z_0-9]*)\1")
 _FAILS = re.compile(r"#\s*fails:\s*([A-Za-z_]+)")
 
 
+def command_result(out_dir, n):
+    """(exit code, stdout, stderr) of command n of a script that wrote them to out_dir/n.*."""
+    base = os.path.join(out_dir, str(n))
+    with open(base + ".rc") as f:
+        rc = int(f.read())
+    with open(base + ".out", errors="replace") as f:
+        out = f.read()
+    with open(base + ".err", errors="replace") as f:
+        err = f.read()
+    return rc, out, err
+
+
 def readme_commands(text, section_title=README_SECTION):
     """The commands of the ```sh blocks of a section, in order, as (command, fails) pairs.
 
@@ -710,13 +722,7 @@ class ReadmeExamplesTest(unittest.TestCase):
         self.assertEqual(run.returncode, 0, "%s\n%s" % (run.stdout, run.stderr))
 
         for n, (command, fails, shown) in enumerate(examples):
-            base = os.path.join(out_dir, str(n))
-            with open(base + ".rc") as f:
-                rc = int(f.read())
-            with open(base + ".out", errors="replace") as f:
-                out = f.read()
-            with open(base + ".err", errors="replace") as f:
-                err = f.read()
+            rc, out, err = command_result(out_dir, n)
             what = "README command %d:\n%s\nexit code %d\nstdout:\n%s\nstderr:\n%s" % (
                 n + 1, command, rc, out[-3000:], err[-3000:])
             with self.subTest(command=n + 1):
@@ -761,12 +767,7 @@ class _Shell:
             if time.monotonic() > deadline:
                 raise AssertionError("no end within %.0f s of:\n%s" % (COMMAND_TIMEOUT, command))
             time.sleep(0.02)
-        with open(base + ".rc") as f:
-            rc = int(f.read())
-        with open(base + ".out", errors="replace") as f:
-            out = f.read()
-        with open(base + ".err", errors="replace") as f:
-            err = f.read()
+        rc, out, err = command_result(self.out_dir, self.count)
         return rc, out, err, base
 
     def close(self):

@@ -98,13 +98,7 @@ class SecurityReadmeTest(unittest.TestCase):
 
         errors = []
         for n, (command, fails) in enumerate(commands):
-            base = os.path.join(out_dir, str(n))
-            with open(base + ".rc") as f:
-                rc = int(f.read())
-            with open(base + ".out", errors="replace") as f:
-                out = f.read()
-            with open(base + ".err", errors="replace") as f:
-                err = f.read()
+            rc, out, err = reflection_test.command_result(out_dir, n)
             errors.append(err)
             what = "README command %d:\n%s\nexit code %d\nstdout:\n%s\nstderr:\n%s\n%s\n%s" % (
                 n + 1, command, rc, out[-3000:], err[-3000:], self.cache.log(),
