@@ -148,7 +148,7 @@ std::string Authorizer::OnlyFinalizersChange(v1::UpdateRequest* req) const {
   get.set_cluster(req->object().metadata().cluster());
   get.set_namespace_(req->object().metadata().namespace_());
   get.set_name(req->object().metadata().name());
-  absl::StatusOr<ObjectPtr> current = getter_(get);
+  absl::StatusOr<ObjectRef> current = getter_(get);
   if (!current.ok()) {
     return absl::StrCat("the object cannot be read (", current.status().message(), ")");
   }

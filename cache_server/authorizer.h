@@ -71,7 +71,7 @@ class Authorizer {
     std::string lease_name = "shard-replicator";
   };
   // Reads the current object, for the finalizers-only check.
-  using Getter = std::function<absl::StatusOr<ObjectPtr>(const v1::GetRequest&)>;
+  using Getter = std::function<absl::StatusOr<ObjectRef>(const v1::GetRequest&)>;
 
   Authorizer(Options options, Getter getter, prometheus::Registry& registry);
 

@@ -59,7 +59,7 @@ class AuthorizerTest : public ::testing::Test {
     o.shard = shard;
     return std::make_unique<Authorizer>(
         o,
-        [this](const v1::GetRequest& req) -> absl::StatusOr<ObjectPtr> {
+        [this](const v1::GetRequest& req) -> absl::StatusOr<ObjectRef> {
           auto it = stored_.find(req.name());
           if (it == stored_.end()) return absl::NotFoundError("not found");
           return std::make_shared<const v1::Object>(it->second);

@@ -1,5 +1,4 @@
-// ObjectFilter: the filters of a List or Watch (shard, cluster, namespace, label selector), and
-// ObjectPtr, the shared read-only form in which the store holds objects.
+// ObjectFilter: the filters of a List or Watch (shard, cluster, namespace, label selector).
 //
 // Immutable after construction; safe to use from any thread.
 #ifndef SHARDCACHE_CACHE_SERVER_OBJECT_FILTER_H_
@@ -13,8 +12,6 @@
 #include "shardcache/v1/store.pb.h"
 
 namespace shardcache {
-
-using ObjectPtr = std::shared_ptr<const v1::Object>;
 
 struct ObjectFilter {
   std::string shard;       // empty: any

@@ -230,14 +230,14 @@ absl::Status DecodeContinue(const std::string& token, int64_t* revision, std::st
 
 // The object of the last version at or before `revision` (null: absent or deleted then).
 template <typename Versions>
-const ObjectPtr& VersionAt(const Versions& versions, int64_t revision) {
-  static const ObjectPtr* const kNone = new ObjectPtr();
+const ObjectRef& VersionAt(const Versions& versions, int64_t revision) {
+  static const ObjectRef* const kNone = new ObjectRef();
   auto v = std::upper_bound(versions.begin(), versions.end(), revision,
                             [](int64_t rev, const auto& ver) { return rev < ver.revision; });
   return v == versions.begin() ? *kNone : std::prev(v)->object;
 }
 
-int64_t RevisionOf(const ObjectPtr& o) {
+int64_t RevisionOf(const ObjectRef& o) {
   int64_t rv = 0;
   (void)absl::SimpleAtoi(o->metadata().resource_version(), &rv);
   return rv;
@@ -317,7 +317,7 @@ int64_t ObjectStore::revision() const {
   return durable_revision_;
 }
 
-ObjectPtr ObjectStore::DurableLocked(const std::string& group_resource,
+ObjectRef ObjectStore::DurableLocked(const std::string& group_resource,
                                      const std::string& key) const {
   auto r = resources_.find(group_resource);
   if (r == resources_.end()) return nullptr;
@@ -407,20 +407,20 @@ void ObjectStore::RunCommitter() {
   }
 }
 
-absl::StatusOr<ObjectPtr> ObjectStore::Create(const v1::CreateRequest& req) {
-  return Await<ObjectPtr>([&](ObjectCallback done) { CreateAsync(req, std::move(done)); });
+absl::StatusOr<ObjectRef> ObjectStore::Create(const v1::CreateRequest& req) {
+  return Await<ObjectRef>([&](ObjectCallback done) { CreateAsync(req, std::move(done)); });
 }
 
-absl::StatusOr<ObjectPtr> ObjectStore::Update(const v1::UpdateRequest& req) {
-  return Await<ObjectPtr>([&](ObjectCallback done) { UpdateAsync(req, std::move(done)); });
+absl::StatusOr<ObjectRef> ObjectStore::Update(const v1::UpdateRequest& req) {
+  return Await<ObjectRef>([&](ObjectCallback done) { UpdateAsync(req, std::move(done)); });
 }
 
-absl::StatusOr<ObjectPtr> ObjectStore::UpdateStatus(const v1::UpdateRequest& req) {
-  return Await<ObjectPtr>([&](ObjectCallback done) { UpdateStatusAsync(req, std::move(done)); });
+absl::StatusOr<ObjectRef> ObjectStore::UpdateStatus(const v1::UpdateRequest& req) {
+  return Await<ObjectRef>([&](ObjectCallback done) { UpdateStatusAsync(req, std::move(done)); });
 }
 
-absl::StatusOr<ObjectPtr> ObjectStore::Upsert(const v1::UpdateRequest& req) {
-  return Await<ObjectPtr>([&](ObjectCallback done) { UpsertAsync(req, std::move(done)); });
+absl::StatusOr<ObjectRef> ObjectStore::Upsert(const v1::UpdateRequest& req) {
+  return Await<ObjectRef>([&](ObjectCallback done) { UpsertAsync(req, std::move(done)); });
 }
 
 absl::StatusOr<ObjectStore::DeleteResult> ObjectStore::Delete(const v1::DeleteRequest& req) {
@@ -450,7 +450,7 @@ void ObjectStore::ClaimEpochAsync(const v1::ClaimEpochRequest& req, EpochCallbac
   });
 }
 
-ObjectPtr ObjectStore::CurrentLocked(const std::string& group_resource,
+ObjectRef ObjectStore::CurrentLocked(const std::string& group_resource,
                                      const std::string& key) const {
   auto r = resources_.find(group_resource);
   if (r == resources_.end()) return nullptr;
@@ -459,11 +459,11 @@ ObjectPtr ObjectStore::CurrentLocked(const std::string& group_resource,
   return k->second.back().object;
 }
 
-absl::StatusOr<ObjectPtr> ObjectStore::Get(const v1::GetRequest& req) const {
+absl::StatusOr<ObjectRef> ObjectStore::Get(const v1::GetRequest& req) const {
   absl::ReaderMutexLock l(&mu_);
   ASSIGN_OR_RETURN(ResourceInfo info, registry_.Resolve(req.resource()));
   RETURN_IF_ERROR(ValidateKey(info, "", req.shard(), req.cluster(), req.namespace_(), req.name()));
-  ObjectPtr cur = DurableLocked(
+  ObjectRef cur = DurableLocked(
       info.group_resource, ObjectKey(req.shard(), req.cluster(), req.namespace_(), req.name()));
   if (cur == nullptr) {
     return absl::NotFoundError(absl::StrCat(Describe(req.resource(), req.name()), " not found"));
@@ -507,7 +507,7 @@ absl::StatusOr<v1::ListResponse> ObjectStore::List(const v1::ListRequest& req) c
   std::string last_returned;
   for (; it != keys.end(); ++it) {
     if (it->first.compare(0, prefix.size(), prefix) != 0) break;
-    const ObjectPtr& obj = VersionAt(it->second, at);
+    const ObjectRef& obj = VersionAt(it->second, at);
     if (obj == nullptr || !filter.Matches(*obj)) continue;
     if (req.limit() > 0 && resp.items_size() == req.limit()) {
       resp.set_continue_token(EncodeContinue(at, last_returned));
@@ -541,7 +541,7 @@ absl::Status ObjectStore::CheckFenceLocked(const v1::Fence& fence, const char* w
 }
 
 void ObjectStore::CommitLocked(const std::string& group_resource, v1::WatchEvent::Type type,
-                               ObjectPtr object, ObjectPtr prev) {
+                               ObjectRef object, ObjectRef prev) {
   ++revision_;
   auto event = std::make_shared<Event>();
   event->revision = revision_;
@@ -591,7 +591,7 @@ void ObjectStore::CompactLocked() {
 }
 
 void ObjectStore::CreateAsync(const v1::CreateRequest& req, ObjectCallback done) {
-  absl::StatusOr<ObjectPtr> result = [&]() -> absl::StatusOr<ObjectPtr> {
+  absl::StatusOr<ObjectRef> result = [&]() -> absl::StatusOr<ObjectRef> {
     absl::MutexLock l(&mu_);
     ASSIGN_OR_RETURN(ResourceInfo info, registry_.Resolve(req.resource()));
     if (!req.object().metadata().resource_version().empty()) {
@@ -606,7 +606,7 @@ void ObjectStore::CreateAsync(const v1::CreateRequest& req, ObjectCallback done)
   });
 }
 
-absl::StatusOr<ObjectPtr> ObjectStore::CreateLocked(const ResourceInfo& info,
+absl::StatusOr<ObjectRef> ObjectStore::CreateLocked(const ResourceInfo& info,
                                                     const v1::GroupVersionResource& gvr,
                                                     v1::Object object, const v1::Fence& fence,
                                                     bool keep_status) {
@@ -659,7 +659,7 @@ void ObjectStore::UpsertAsync(const v1::UpdateRequest& req, ObjectCallback done)
 
 void ObjectStore::UpdateAsyncImpl(const v1::UpdateRequest& req, UpdateKind kind,
                                   ObjectCallback done) {
-  absl::StatusOr<ObjectPtr> result = [&] {
+  absl::StatusOr<ObjectRef> result = [&] {
     absl::MutexLock l(&mu_);
     return UpdateLocked(req, kind);
   }();
@@ -669,7 +669,7 @@ void ObjectStore::UpdateAsyncImpl(const v1::UpdateRequest& req, UpdateKind kind,
   });
 }
 
-absl::StatusOr<ObjectPtr> ObjectStore::UpdateLocked(const v1::UpdateRequest& req, UpdateKind kind) {
+absl::StatusOr<ObjectRef> ObjectStore::UpdateLocked(const v1::UpdateRequest& req, UpdateKind kind) {
   ASSIGN_OR_RETURN(ResourceInfo info, registry_.Resolve(req.resource()));
   const v1::GroupVersionResource& gvr = req.resource();
   if (kind == UpdateKind::kStatus && options_.role == Role::kShard && !info.status_subresource) {
@@ -685,7 +685,7 @@ absl::StatusOr<ObjectPtr> ObjectStore::UpdateLocked(const v1::UpdateRequest& req
   RETURN_IF_ERROR(ValidateObject(info, req.object()));
   RETURN_IF_ERROR(RefuseShardInShardRole(options_.role, "metadata.shard", in.shard()));
   std::string key = ObjectKey(in);
-  ObjectPtr cur = CurrentLocked(info.group_resource, key);
+  ObjectRef cur = CurrentLocked(info.group_resource, key);
   if (cur == nullptr) {
     if (kind != UpdateKind::kUpsert) {
       return absl::NotFoundError(absl::StrCat(Describe(gvr, in.name()), " not found"));
@@ -786,7 +786,7 @@ absl::StatusOr<ObjectStore::DeleteResult> ObjectStore::DeleteLocked(const v1::De
     ASSIGN_OR_RETURN(expected_rv, ParseRevision("preconditions.resourceVersion",
                                                 req.preconditions().resource_version()));
   }
-  ObjectPtr cur = CurrentLocked(
+  ObjectRef cur = CurrentLocked(
       info.group_resource, ObjectKey(req.shard(), req.cluster(), req.namespace_(), req.name()));
   if (cur == nullptr) {
     return absl::NotFoundError(absl::StrCat(Describe(gvr, req.name()), " not found"));
@@ -826,7 +826,7 @@ absl::StatusOr<ObjectStore::DeleteResult> ObjectStore::DeleteLocked(const v1::De
   return DeleteResult{stored, true};
 }
 
-void ObjectStore::OnDefinitionChangedLocked(const ObjectPtr& before, const ObjectPtr& after) {
+void ObjectStore::OnDefinitionChangedLocked(const ObjectRef& before, const ObjectRef& after) {
   if (options_.role != Role::kShard) return;
   // Both were validated when written.
   absl::StatusOr<ResourceInfo> old_info =
@@ -861,13 +861,13 @@ void ObjectStore::OnDefinitionChangedLocked(const ObjectPtr& before, const Objec
 void ObjectStore::PurgeResourceLocked(const std::string& group_resource) {
   auto r = resources_.find(group_resource);
   if (r == resources_.end()) return;
-  std::vector<ObjectPtr> live;
+  std::vector<ObjectRef> live;
   for (const auto& [key, versions] : r->second.keys) {
     if (!versions.empty() && versions.back().object != nullptr) {
       live.push_back(versions.back().object);
     }
   }
-  for (const ObjectPtr& cur : live) {
+  for (const ObjectRef& cur : live) {
     v1::Object last = *cur;
     last.mutable_metadata()->set_resource_version(absl::StrCat(revision_ + 1));
     CommitLocked(group_resource, v1::WatchEvent::DELETED,
@@ -884,7 +884,7 @@ absl::Status ObjectStore::StartWatch(const v1::WatchRequest& req, Watcher* watch
   }
   absl::ReaderMutexLock l(&mu_);
   ASSIGN_OR_RETURN(ResourceInfo info, registry_.Resolve(req.resource()));
-  std::vector<std::pair<v1::WatchEvent::Type, ObjectPtr>> initial;
+  std::vector<std::pair<v1::WatchEvent::Type, ObjectRef>> initial;
   if (from != 0) {
     if (from < compacted_revision_) {
       return absl::OutOfRangeError(absl::StrCat(
@@ -911,7 +911,7 @@ absl::Status ObjectStore::StartWatch(const v1::WatchRequest& req, Watcher* watch
       std::string prefix = KeyPrefix(filter);
       for (auto it = r->second.keys.lower_bound(prefix); it != r->second.keys.end(); ++it) {
         if (it->first.compare(0, prefix.size(), prefix) != 0) break;
-        const ObjectPtr& obj = VersionAt(it->second, durable_revision_);
+        const ObjectRef& obj = VersionAt(it->second, durable_revision_);
         if (obj != nullptr && filter.Matches(*obj))
           initial.emplace_back(v1::WatchEvent::ADDED, obj);
       }

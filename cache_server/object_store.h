@@ -74,11 +74,11 @@ class ObjectStore {
   };
 
   struct DeleteResult {
-    ObjectPtr object;
+    ObjectRef object;
     bool deleted = false;
   };
 
-  using ObjectCallback = std::function<void(absl::StatusOr<ObjectPtr>)>;
+  using ObjectCallback = std::function<void(absl::StatusOr<ObjectRef>)>;
   using DeleteCallback = std::function<void(absl::StatusOr<DeleteResult>)>;
   using EpochCallback = std::function<void(absl::StatusOr<int64_t>)>;
 
@@ -92,7 +92,7 @@ class ObjectStore {
   ObjectStore& operator=(const ObjectStore&) = delete;
 
   // Reads, at the durable revision. Errors as the Store service documents.
-  absl::StatusOr<ObjectPtr> Get(const v1::GetRequest& request) const;
+  absl::StatusOr<ObjectRef> Get(const v1::GetRequest& request) const;
   absl::StatusOr<v1::ListResponse> List(const v1::ListRequest& request) const;
 
   // Writes. `done` receives the object as stored (or an error as the Store service documents)
@@ -112,10 +112,10 @@ class ObjectStore {
   void ClaimEpochAsync(const v1::ClaimEpochRequest& request, EpochCallback done);
 
   // The same writes, blocking until durable (for tests and tools; never on a gRPC thread).
-  absl::StatusOr<ObjectPtr> Create(const v1::CreateRequest& request);
-  absl::StatusOr<ObjectPtr> Update(const v1::UpdateRequest& request);
-  absl::StatusOr<ObjectPtr> UpdateStatus(const v1::UpdateRequest& request);
-  absl::StatusOr<ObjectPtr> Upsert(const v1::UpdateRequest& request);
+  absl::StatusOr<ObjectRef> Create(const v1::CreateRequest& request);
+  absl::StatusOr<ObjectRef> Update(const v1::UpdateRequest& request);
+  absl::StatusOr<ObjectRef> UpdateStatus(const v1::UpdateRequest& request);
+  absl::StatusOr<ObjectRef> Upsert(const v1::UpdateRequest& request);
   absl::StatusOr<DeleteResult> Delete(const v1::DeleteRequest& request);
   absl::StatusOr<int64_t> ClaimEpoch(const v1::ClaimEpochRequest& request);
 
@@ -136,7 +136,7 @@ class ObjectStore {
 
   struct Version {
     int64_t revision;
-    ObjectPtr object;  // null: deleted at this revision
+    ObjectRef object;  // null: deleted at this revision
   };
   struct ResourceData {
     std::map<std::string, std::vector<Version>> keys;
@@ -155,7 +155,7 @@ class ObjectStore {
     std::function<void()> complete;
   };
 
-  absl::StatusOr<ObjectPtr> UpdateLocked(const v1::UpdateRequest& request, UpdateKind kind)
+  absl::StatusOr<ObjectRef> UpdateLocked(const v1::UpdateRequest& request, UpdateKind kind)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<DeleteResult> DeleteLocked(const v1::DeleteRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -167,7 +167,7 @@ class ObjectStore {
   void RecoverLocked(PersistedState state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunCommitter();
   // Creates `object`; `keep_status` keeps a status even where status is a subresource (upsert).
-  absl::StatusOr<ObjectPtr> CreateLocked(const ResourceInfo& info,
+  absl::StatusOr<ObjectRef> CreateLocked(const ResourceInfo& info,
                                          const v1::GroupVersionResource& gvr, v1::Object object,
                                          const v1::Fence& fence, bool keep_status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -177,18 +177,18 @@ class ObjectStore {
   absl::Status CheckFenceLocked(const v1::Fence& fence, const char* what = "write")
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The live object at `key` including writes not yet durable, or null.
-  ObjectPtr CurrentLocked(const std::string& group_resource, const std::string& key) const
+  ObjectRef CurrentLocked(const std::string& group_resource, const std::string& key) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The object at `key` as of the durable revision, or null.
-  ObjectPtr DurableLocked(const std::string& group_resource, const std::string& key) const
+  ObjectRef DurableLocked(const std::string& group_resource, const std::string& key) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Records a change at revision revision_+1 and queues its event for the committer. `object`
   // must carry that revision as its resourceVersion; for DELETED it is the object's last state.
-  void CommitLocked(const std::string& group_resource, v1::WatchEvent::Type type, ObjectPtr object,
-                    ObjectPtr prev) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CommitLocked(const std::string& group_resource, v1::WatchEvent::Type type, ObjectRef object,
+                    ObjectRef prev) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompactLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Shard role: keeps the registry in step with a ResourceDefinition change.
-  void OnDefinitionChangedLocked(const ObjectPtr& before, const ObjectPtr& after)
+  void OnDefinitionChangedLocked(const ObjectRef& before, const ObjectRef& after)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PurgeResourceLocked(const std::string& group_resource) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

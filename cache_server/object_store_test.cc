@@ -63,7 +63,7 @@ v1::Object Widget(const std::string& name, const std::string& labels = "{}",
 class RecordingWatcher : public Watcher {
  public:
   void Init(WatchSpec spec,
-            std::vector<std::pair<v1::WatchEvent::Type, ObjectPtr>> initial) override {
+            std::vector<std::pair<v1::WatchEvent::Type, ObjectRef>> initial) override {
     spec_ = std::move(spec);
     absl::MutexLock l(&mu_);
     for (auto& [type, obj] : initial) events_.push_back(Describe(type, *obj));
@@ -111,13 +111,13 @@ class ObjectStoreTest : public ::testing::Test {
     *req.mutable_object() = WidgetDefinition(status_subresource);
     ASSERT_THAT(store_->Create(req), IsOk());
   }
-  absl::StatusOr<ObjectPtr> Create(const v1::Object& o) {
+  absl::StatusOr<ObjectRef> Create(const v1::Object& o) {
     v1::CreateRequest req;
     *req.mutable_resource() = Widgets();
     *req.mutable_object() = o;
     return store_->Create(req);
   }
-  absl::StatusOr<ObjectPtr> Update(const v1::Object& o) {
+  absl::StatusOr<ObjectRef> Update(const v1::Object& o) {
     v1::UpdateRequest req;
     *req.mutable_resource() = Widgets();
     *req.mutable_object() = o;

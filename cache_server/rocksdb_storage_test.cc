@@ -21,7 +21,7 @@ using ::shardcache::testing::StatusIs;
 using ::testing::HasSubstr;
 
 EventPtr MakeEvent(int64_t rev, v1::WatchEvent::Type type, const std::string& name,
-                   ObjectPtr prev = nullptr) {
+                   ObjectRef prev = nullptr) {
   auto o = std::make_shared<v1::Object>();
   o->mutable_metadata()->set_name(name);
   o->mutable_metadata()->set_resource_version(std::to_string(rev));

@@ -27,7 +27,7 @@ struct PersistedState {
   // Events at or below this revision have left the history window.
   int64_t compacted_revision = 1;
   // Every live object, with its "group/resource".
-  std::vector<std::pair<std::string, ObjectPtr>> objects;
+  std::vector<std::pair<std::string, ObjectRef>> objects;
   // The events of the history window, in revision order.
   std::vector<EventPtr> history;
   // The highest fencing epoch seen per shard.

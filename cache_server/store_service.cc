@@ -141,7 +141,7 @@ grpc::ServerUnaryReactor* StoreService::Create(grpc::CallbackServerContext* ctx,
   bool admitted;
   UnaryCall* call = Begin(*ctx, "Create", *raw, &req, resp, &admitted);
   if (!admitted) return call;
-  store_->CreateAsync(req, [call](absl::StatusOr<ObjectPtr> r) {
+  store_->CreateAsync(req, [call](absl::StatusOr<ObjectRef> r) {
     call->Reply(r.status(), r.ok() ? r->get() : nullptr);
   });
   return call;
@@ -154,7 +154,7 @@ grpc::ServerUnaryReactor* StoreService::Update(grpc::CallbackServerContext* ctx,
   bool admitted;
   UnaryCall* call = Begin(*ctx, "Update", *raw, &req, resp, &admitted);
   if (!admitted) return call;
-  store_->UpdateAsync(req, [call](absl::StatusOr<ObjectPtr> r) {
+  store_->UpdateAsync(req, [call](absl::StatusOr<ObjectRef> r) {
     call->Reply(r.status(), r.ok() ? r->get() : nullptr);
   });
   return call;
@@ -167,7 +167,7 @@ grpc::ServerUnaryReactor* StoreService::UpdateStatus(grpc::CallbackServerContext
   bool admitted;
   UnaryCall* call = Begin(*ctx, "UpdateStatus", *raw, &req, resp, &admitted);
   if (!admitted) return call;
-  store_->UpdateStatusAsync(req, [call](absl::StatusOr<ObjectPtr> r) {
+  store_->UpdateStatusAsync(req, [call](absl::StatusOr<ObjectRef> r) {
     call->Reply(r.status(), r.ok() ? r->get() : nullptr);
   });
   return call;
@@ -249,7 +249,7 @@ void StoreService::Apply(v1::WriteRequest* request, const std::optional<PeerIden
     absl::Time start;
     StoreMetrics* metrics;
     std::function<void(v1::WriteResponse)> done;
-    void operator()(const absl::Status& status, const ObjectPtr& object, bool deleted) const {
+    void operator()(const absl::Status& status, const ObjectRef& object, bool deleted) const {
       v1::WriteResponse answer;
       answer.set_id(id);
       SetWriteAnswerStatus(status, &answer);
@@ -261,7 +261,7 @@ void StoreService::Apply(v1::WriteRequest* request, const std::optional<PeerIden
   };
   Answer answer{req.id(), "Write", absl::Now(), metrics_, std::move(done)};
   auto on_object = [](Answer a) {
-    return [a = std::move(a)](absl::StatusOr<ObjectPtr> r) {
+    return [a = std::move(a)](absl::StatusOr<ObjectRef> r) {
       a(r.status(), r.ok() ? *r : nullptr, false);
     };
   };

@@ -31,7 +31,7 @@ grpc::Slice EncodeWatchEvent(v1::WatchEvent::Type type, const v1::Object& object
   return grpc::Slice(slice, grpc::Slice::STEAL_REF);
 }
 
-ObjectPtr EffectiveObject(const Event& e, v1::WatchEvent::Type type) {
+ObjectRef EffectiveObject(const Event& e, v1::WatchEvent::Type type) {
   if (type != v1::WatchEvent::DELETED || e.type != v1::WatchEvent::MODIFIED) return e.object;
   auto last = std::make_shared<v1::Object>(*e.prev);
   last->mutable_metadata()->set_resource_version(e.object->metadata().resource_version());
@@ -63,7 +63,7 @@ struct WatchCache::Encodings {
   // The event as watchers that see it as `type` receive it. Thread-safe.
   const Delivery& Get(const Event& e, v1::WatchEvent::Type type) {
     absl::call_once(once[type], [&] {
-      ObjectPtr object = EffectiveObject(e, type);
+      ObjectRef object = EffectiveObject(e, type);
       grpc::Slice encoded = EncodeWatchEvent(type, *object);
       deliveries[type] = Delivery{type, std::move(object), std::move(encoded)};
     });

@@ -54,8 +54,8 @@ struct Event {
   int64_t revision = 0;
   v1::WatchEvent::Type type = v1::WatchEvent::TYPE_UNSPECIFIED;  // ADDED, MODIFIED or DELETED
   std::string group_resource;
-  ObjectPtr object;  // the object after the change; for DELETED its last state
-  ObjectPtr prev;    // the object before the change; null for ADDED
+  ObjectRef object;  // the object after the change; for DELETED its last state
+  ObjectRef prev;    // the object before the change; null for ADDED
   absl::Time time;   // when it was committed (for the history window's age limit)
 };
 using EventPtr = std::shared_ptr<const Event>;
@@ -74,7 +74,7 @@ struct WatchSpec {
 // is reference-counted and shared by every watcher that gets it.
 struct Delivery {
   v1::WatchEvent::Type type;
-  ObjectPtr object;
+  ObjectRef object;
   grpc::Slice encoded;
 };
 
@@ -90,7 +90,7 @@ class Watcher {
   // history after it; for a watch from now, one ADDED per object and then the initial-events-end
   // BOOKMARK. Called once by the store, under its lock, before registration; must not block.
   virtual void Init(WatchSpec spec,
-                    std::vector<std::pair<v1::WatchEvent::Type, ObjectPtr>> initial) = 0;
+                    std::vector<std::pair<v1::WatchEvent::Type, ObjectRef>> initial) = 0;
   virtual const WatchSpec& spec() const = 0;
   // An event for this watcher, with its type as the watcher sees it. The watcher may hold it
   // until Flush, so that the events of one run go out together.
@@ -120,7 +120,7 @@ v1::WatchEvent::Type EffectiveType(const Event& event, const ObjectFilter& filte
 // The object a watcher receives for `event` seen as `type`: the object after the change, except
 // for an update that made it stop matching, which is seen (as Kubernetes does) as the DELETED of
 // its previous state at the event's revision.
-ObjectPtr EffectiveObject(const Event& event, v1::WatchEvent::Type type);
+ObjectRef EffectiveObject(const Event& event, v1::WatchEvent::Type type);
 
 class WatchCache {
  public:

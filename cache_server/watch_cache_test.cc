@@ -18,7 +18,7 @@ using ::testing::ElementsAre;
 class FakeWatcher : public Watcher {
  public:
   explicit FakeWatcher(WatchSpec spec) : spec_(std::move(spec)) {}
-  void Init(WatchSpec, std::vector<std::pair<v1::WatchEvent::Type, ObjectPtr>>) override {}
+  void Init(WatchSpec, std::vector<std::pair<v1::WatchEvent::Type, ObjectRef>>) override {}
   const WatchSpec& spec() const override { return spec_; }
   void Deliver(const Delivery& d) override {
     Record(absl::StrCat(v1::WatchEvent::Type_Name(d.type), " ", d.object->metadata().name(), " ",

@@ -56,7 +56,7 @@ void WatchReactor::Reject(const grpc::Status& status) {
 }
 
 void WatchReactor::Init(WatchSpec spec,
-                        std::vector<std::pair<v1::WatchEvent::Type, ObjectPtr>> initial) {
+                        std::vector<std::pair<v1::WatchEvent::Type, ObjectRef>> initial) {
   spec_ = std::move(spec);
   absl::MutexLock l(&mu_);
   for (auto& item : initial) initial_.push_back(std::move(item));

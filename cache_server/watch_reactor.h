@@ -67,7 +67,7 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>, public W
 
   // Watcher.
   void Init(WatchSpec spec,
-            std::vector<std::pair<v1::WatchEvent::Type, ObjectPtr>> initial) override;
+            std::vector<std::pair<v1::WatchEvent::Type, ObjectRef>> initial) override;
   const WatchSpec& spec() const override { return spec_; }
   void Deliver(const Delivery& delivery) override;
   void Flush() override;
@@ -108,7 +108,7 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>, public W
   WatchSpec spec_;
 
   absl::Mutex mu_;
-  std::deque<std::pair<v1::WatchEvent::Type, ObjectPtr>> initial_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::pair<v1::WatchEvent::Type, ObjectRef>> initial_ ABSL_GUARDED_BY(mu_);
   std::deque<grpc::Slice> live_ ABSL_GUARDED_BY(mu_);
   size_t live_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // The bytes of the message in flight (also part of the backlog until its write completes).

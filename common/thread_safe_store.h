@@ -23,8 +23,6 @@
 
 namespace shardcache {
 
-using ObjectRef = std::shared_ptr<const v1::Object>;
-
 class ThreadSafeStore {
  public:
   // An index function returns the index values of an object (e.g. its cluster).
