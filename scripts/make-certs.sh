@@ -14,10 +14,11 @@
 #   admin.crt, admin.key        CN admin, O shardcache:admins
 #   reader.crt, reader.key      CN reader, O shardcache:readers
 #
-# A certificate already in DIR is kept, unless --renew: then every certificate but the CA's is
-# made again (new keys), written beside the old one and renamed into place, key first, so that a
-# server or replicator that reloads its files (--tls-reload-interval) picks up the new pair
-# without a restart. -d sets the validity in days (default 365; a negative number makes
+# A certificate already in DIR is kept (the server's only while it names every shard's store and
+# every -n name: adding a shard makes it again), unless --renew: then every certificate but the
+# CA's is made again (new keys), written beside the old one and renamed into place, key first, so
+# that a server or replicator that reloads its files (--tls-reload-interval) picks up the new
+# pair without a restart. -d sets the validity in days (default 365; a negative number makes
 # certificates that have already expired, for tests).
 set -euo pipefail
 
@@ -74,10 +75,27 @@ if [[ ! -f "$OUT/ca.crt" || ! -f "$OUT/ca.key" ]]; then
   echo "made $OUT/ca.crt"
 fi
 
-# leaf NAME SUBJECT USAGE [SAN]: NAME.crt and NAME.key signed by the CA.
+# covers_names CERT SAN: whether CERT's subjectAltName holds every name of SAN ("DNS:x,IP:y").
+covers_names() {
+  local cert="$1" entry
+  local -a entries
+  IFS=, read -ra entries <<< "$2"
+  for entry in "${entries[@]}"; do
+    case "$entry" in
+      DNS:*) openssl x509 -in "$cert" -noout -checkhost "${entry#DNS:}" | grep -q 'does match' ;;
+      IP:*) openssl x509 -in "$cert" -noout -checkip "${entry#IP:}" | grep -q 'does match' ;;
+    esac || return 1
+  done
+}
+
+# leaf NAME SUBJECT USAGE [SAN]: NAME.crt and NAME.key signed by the CA. A certificate that is
+# kept must still name everything in SAN: one that lacks a name (a shard added with -s, a name
+# added with -n) is made again.
 leaf() {
   local name="$1" subject="$2" usage="$3" san="${4:-}"
-  if [[ "$RENEW" == 0 && -f "$OUT/$name.crt" && -f "$OUT/$name.key" ]]; then return; fi
+  if [[ "$RENEW" == 0 && -f "$OUT/$name.crt" && -f "$OUT/$name.key" ]]; then
+    if [[ -z "$san" ]] || covers_names "$OUT/$name.crt" "$san"; then return; fi
+  fi
   new_key "$TMP/$name.key"
   openssl req -new -key "$TMP/$name.key" -subj "$subject" -out "$TMP/$name.csr" 2>/dev/null
   {
