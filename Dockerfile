@@ -7,13 +7,13 @@
 FROM debian:bookworm-slim AS build
 ARG JOBS=
 WORKDIR /src
-# The build dependencies, from the same list that scripts/build.sh uses. Copied on its own so
-# that this layer is rebuilt only when the list changes.
+# The build dependencies only (no test packages), from the list that scripts/build.sh uses.
+# Copied on its own so that this layer is rebuilt only when the list changes.
 COPY scripts/deps.sh scripts/deps.sh
-RUN bash scripts/deps.sh && rm -rf /var/lib/apt/lists/*
+RUN bash scripts/deps.sh --build && rm -rf /var/lib/apt/lists/*
 COPY . .
-# Builds only the two programs (not the tests).
-RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release \
+# Builds only the two programs: without the tests, GoogleTest is not needed.
+RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSHARDCACHE_BUILD_TESTS=OFF \
  && cmake --build build -j"${JOBS:-$(nproc)}" --target cache_server shard_replicator \
  && mkdir -p /out \
  && cp build/cache_server/cache_server build/shard_replicator/shard_replicator /out/ \

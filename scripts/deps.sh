@@ -1,17 +1,34 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages that building, running and testing shardcache need (clang, its
 # sanitizer runtimes and llvm's symbolizer are for scripts/check.sh's builds).
+#
+#   scripts/deps.sh           everything: building, the tests, the sanitizer builds
+#   scripts/deps.sh --build   only what building the two programs needs (cmake
+#                             -DSHARDCACHE_BUILD_TESTS=OFF; the image's build stage)
+#
 # Idempotent and quick: it asks dpkg which packages are missing and runs apt-get only for those.
 set -euo pipefail
 
 packages=(
-  build-essential cmake pkg-config ccache clang-format
+  build-essential cmake pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
-  libspdlog-dev prometheus-cpp-dev libcpp-httplib-dev librocksdb-dev
-  libgtest-dev libgmock-dev grpc-proto
-  python3 python3-grpcio python3-protobuf procps prometheus
-  clang libclang-rt-14-dev llvm
+  libspdlog-dev prometheus-cpp-dev libcpp-httplib-dev librocksdb-dev libssl-dev grpc-proto
 )
+case "${1:-}" in
+  --build) ;;
+  "")
+    packages+=(
+      ccache clang-format git openssl
+      libgtest-dev libgmock-dev
+      python3 python3-grpcio python3-protobuf procps prometheus
+      clang libclang-rt-14-dev llvm
+    )
+    ;;
+  *)
+    echo "deps.sh: unknown argument $1 (want nothing or --build)" >&2
+    exit 2
+    ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do
