@@ -18,6 +18,25 @@ std::chrono::system_clock::time_point DeadlineIn(absl::Duration timeout) {
   return absl::ToChronoTime(absl::Now() + timeout);
 }
 
+// Starts one asynchronous unary call: `start(ctx, request, response, on_done)` is a stub's
+// async() method; the context, the request and the response live until `finish(status,
+// response)` has run, on a gRPC thread.
+template <typename Response, typename Request, typename Start, typename Finish>
+void CallAsync(Request request, absl::Duration timeout, Start start, Finish finish) {
+  struct Call {
+    grpc::ClientContext ctx;
+    Request request;
+    Response response;
+    Finish finish;
+  };
+  auto* call = new Call{{}, std::move(request), {}, std::move(finish)};
+  call->ctx.set_deadline(DeadlineIn(timeout));
+  start(&call->ctx, &call->request, &call->response, [call](grpc::Status status) {
+    call->finish(status, call->response);
+    delete call;
+  });
+}
+
 // ---- cache_server ----
 
 class StoreWatch : public WatchStream, public grpc::ClientReadReactor<v1::WatchEvent> {
@@ -93,66 +112,41 @@ class StoreTarget : public Target {
   v1::Store::Stub* StoreStub(int slot) override { return stubs_[slot % stubs_.size()].get(); }
 
   void Create(int slot, v1::CreateRequest request, absl::Duration timeout, Done done) override {
-    struct Call {
-      grpc::ClientContext ctx;
-      v1::CreateRequest request;
-      v1::Object response;
-      Done done;
-    };
-    auto* call = new Call;
-    call->request = std::move(request);
-    call->done = std::move(done);
-    call->ctx.set_deadline(DeadlineIn(timeout));
-    StoreStub(slot)->async()->Create(&call->ctx, &call->request, &call->response,
-                                     [call](grpc::Status status) {
-                                       call->done(status);
-                                       delete call;
-                                     });
+    v1::Store::Stub* stub = StoreStub(slot);
+    CallAsync<v1::Object>(
+        std::move(request), timeout, [stub](auto... args) { stub->async()->Create(args...); },
+        [done = std::move(done)](const grpc::Status& status, const v1::Object&) { done(status); });
   }
 
   void Get(int slot, const v1::ObjectMeta& key, absl::Duration timeout,
            std::function<void(const grpc::Status&, bool)> done) override {
-    struct Call {
-      grpc::ClientContext ctx;
-      v1::GetRequest request;
-      v1::Object response;
-      std::function<void(const grpc::Status&, bool)> done;
-    };
-    auto* call = new Call;
-    *call->request.mutable_resource() = BenchResource();
-    call->request.set_cluster(key.cluster());
-    call->request.set_namespace_(key.namespace_());
-    call->request.set_name(key.name());
-    call->done = std::move(done);
-    call->ctx.set_deadline(DeadlineIn(timeout));
-    StoreStub(slot)->async()->Get(&call->ctx, &call->request, &call->response,
-                                  [call](grpc::Status status) {
-                                    if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
-                                      call->done(grpc::Status::OK, false);
-                                    } else {
-                                      call->done(status, status.ok());
-                                    }
-                                    delete call;
-                                  });
+    v1::GetRequest request;
+    *request.mutable_resource() = BenchResource();
+    request.set_cluster(key.cluster());
+    request.set_namespace_(key.namespace_());
+    request.set_name(key.name());
+    v1::Store::Stub* stub = StoreStub(slot);
+    CallAsync<v1::Object>(
+        std::move(request), timeout, [stub](auto... args) { stub->async()->Get(args...); },
+        [done = std::move(done)](const grpc::Status& status, const v1::Object&) {
+          if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+            done(grpc::Status::OK, false);
+          } else {
+            done(status, status.ok());
+          }
+        });
   }
 
   void List(int slot, absl::Duration timeout,
             std::function<void(const grpc::Status&, int64_t)> done) override {
-    struct Call {
-      grpc::ClientContext ctx;
-      v1::ListRequest request;
-      v1::ListResponse response;
-      std::function<void(const grpc::Status&, int64_t)> done;
-    };
-    auto* call = new Call;
-    *call->request.mutable_resource() = BenchResource();
-    call->done = std::move(done);
-    call->ctx.set_deadline(DeadlineIn(timeout));
-    StoreStub(slot)->async()->List(&call->ctx, &call->request, &call->response,
-                                   [call](grpc::Status status) {
-                                     call->done(status, call->response.items_size());
-                                     delete call;
-                                   });
+    v1::ListRequest request;
+    *request.mutable_resource() = BenchResource();
+    v1::Store::Stub* stub = StoreStub(slot);
+    CallAsync<v1::ListResponse>(
+        std::move(request), timeout, [stub](auto... args) { stub->async()->List(args...); },
+        [done = std::move(done)](const grpc::Status& status, const v1::ListResponse& response) {
+          done(status, response.items_size());
+        });
   }
 
   std::unique_ptr<WatchStream> Watch(int slot, absl::Time deadline,
@@ -283,73 +277,54 @@ class EtcdTarget : public Target {
   int slots() const override { return static_cast<int>(kv_.size()); }
 
   void Create(int slot, v1::CreateRequest request, absl::Duration timeout, Done done) override {
-    struct Call {
-      grpc::ClientContext ctx;
-      etcdserverpb::PutRequest request;
-      etcdserverpb::PutResponse response;
-      Done done;
-    };
-    auto* call = new Call;
-    call->request.set_key(EtcdKey(request.object().metadata()));
-    call->request.set_value(request.object().SerializeAsString());
-    call->done = std::move(done);
-    call->ctx.set_deadline(DeadlineIn(timeout));
-    Kv(slot)->async()->Put(&call->ctx, &call->request, &call->response,
-                           [call](grpc::Status status) {
-                             call->done(status);
-                             delete call;
-                           });
+    etcdserverpb::PutRequest put;
+    put.set_key(EtcdKey(request.object().metadata()));
+    put.set_value(request.object().SerializeAsString());
+    etcdserverpb::KV::Stub* kv = Kv(slot);
+    CallAsync<etcdserverpb::PutResponse>(
+        std::move(put), timeout, [kv](auto... args) { kv->async()->Put(args...); },
+        [done = std::move(done)](const grpc::Status& status, const etcdserverpb::PutResponse&) {
+          done(status);
+        });
   }
 
   void Get(int slot, const v1::ObjectMeta& key, absl::Duration timeout,
            std::function<void(const grpc::Status&, bool)> done) override {
-    struct Call {
-      grpc::ClientContext ctx;
-      etcdserverpb::RangeRequest request;
-      etcdserverpb::RangeResponse response;
-      std::function<void(const grpc::Status&, bool)> done;
-    };
-    auto* call = new Call;
-    call->request.set_key(EtcdKey(key));
-    call->done = std::move(done);
-    call->ctx.set_deadline(DeadlineIn(timeout));
-    Kv(slot)->async()->Range(&call->ctx, &call->request, &call->response,
-                             [call](grpc::Status status) {
-                               bool found = false;
-                               if (status.ok() && call->response.kvs_size() == 1) {
-                                 // Decode it, as a client of the Store API receives it decoded.
-                                 v1::Object object;
-                                 found = object.ParseFromString(call->response.kvs(0).value());
-                               }
-                               call->done(status, found);
-                               delete call;
-                             });
+    etcdserverpb::RangeRequest range;
+    range.set_key(EtcdKey(key));
+    etcdserverpb::KV::Stub* kv = Kv(slot);
+    CallAsync<etcdserverpb::RangeResponse>(
+        std::move(range), timeout, [kv](auto... args) { kv->async()->Range(args...); },
+        [done = std::move(done)](const grpc::Status& status,
+                                 const etcdserverpb::RangeResponse& response) {
+          bool found = false;
+          if (status.ok() && response.kvs_size() == 1) {
+            // Decode it, as a client of the Store API receives it decoded.
+            v1::Object object;
+            found = object.ParseFromString(response.kvs(0).value());
+          }
+          done(status, found);
+        });
   }
 
   void List(int slot, absl::Duration timeout,
             std::function<void(const grpc::Status&, int64_t)> done) override {
-    struct Call {
-      grpc::ClientContext ctx;
-      etcdserverpb::RangeRequest request;
-      etcdserverpb::RangeResponse response;
-      std::function<void(const grpc::Status&, int64_t)> done;
-    };
-    auto* call = new Call;
-    call->request.set_key(EtcdPrefix());
-    call->request.set_range_end(PrefixEnd(EtcdPrefix()));
-    call->done = std::move(done);
-    call->ctx.set_deadline(DeadlineIn(timeout));
-    Kv(slot)->async()->Range(&call->ctx, &call->request, &call->response,
-                             [call](grpc::Status status) {
-                               // Decode every item, as a client of the Store API receives them.
-                               int64_t items = 0;
-                               v1::Object object;
-                               for (const mvccpb::KeyValue& kv : call->response.kvs()) {
-                                 if (object.ParseFromString(kv.value())) ++items;
-                               }
-                               call->done(status, items);
-                               delete call;
-                             });
+    etcdserverpb::RangeRequest range;
+    range.set_key(EtcdPrefix());
+    range.set_range_end(PrefixEnd(EtcdPrefix()));
+    etcdserverpb::KV::Stub* kv = Kv(slot);
+    CallAsync<etcdserverpb::RangeResponse>(
+        std::move(range), timeout, [kv](auto... args) { kv->async()->Range(args...); },
+        [done = std::move(done)](const grpc::Status& status,
+                                 const etcdserverpb::RangeResponse& response) {
+          // Decode every item, as a client of the Store API receives them.
+          int64_t items = 0;
+          v1::Object object;
+          for (const mvccpb::KeyValue& kv : response.kvs()) {
+            if (object.ParseFromString(kv.value())) ++items;
+          }
+          done(status, items);
+        });
   }
 
   std::unique_ptr<WatchStream> Watch(int slot, absl::Time deadline,
