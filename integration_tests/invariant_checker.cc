@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/client/lease_lock.h"
 #include "common/label_selector.h"
-#include "common/lease_lock.h"
 
 namespace shardcache::testing {
 namespace {

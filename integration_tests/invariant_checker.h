@@ -38,7 +38,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/store_client.h"
+#include "common/client/store_client.h"
 #include "shardcache/v1/store.pb.h"
 
 namespace shardcache::testing {

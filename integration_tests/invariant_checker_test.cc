@@ -15,7 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/lease_lock.h"
+#include "common/client/lease_lock.h"
 #include "integration_tests/replicator_fixture.h"
 #include "integration_tests/store_fixture.h"
 

@@ -22,7 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/lease_lock.h"
+#include "common/client/lease_lock.h"
 #include "integration_tests/refuse_to_start.h"
 #include "integration_tests/replicator_fixture.h"
 #include "integration_tests/store_fixture.h"

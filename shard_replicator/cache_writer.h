@@ -49,7 +49,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/write_stream.h"
+#include "common/client/write_stream.h"
 #include "shard_replicator/replicator_metrics.h"
 #include "shardcache/v1/store.grpc.pb.h"
 

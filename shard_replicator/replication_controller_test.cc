@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/client/shared_informer.h"
 #include "common/clock.h"
-#include "common/shared_informer.h"
 #include "common/testing/objects.h"
 #include "common/testing/scripted_lister_watcher.h"
 #include "common/testing/server_process.h"

@@ -3,8 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/client/lease_lock.h"
 #include "common/error_info.h"
-#include "common/lease_lock.h"
 #include "common/status_macros.h"
 #include "common/validation.h"
 

@@ -19,8 +19,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/client/lister_watcher.h"
 #include "common/clock.h"
-#include "common/lister_watcher.h"
 #include "shardcache/v1/store.pb.h"
 
 namespace shardcache::testing {

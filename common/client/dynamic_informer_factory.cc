@@ -1,0 +1,440 @@
+#include "common/client/dynamic_informer_factory.h"
+
+#include <spdlog/spdlog.h>
+
+#include <deque>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/label_selector.h"
+#include "common/resource_definition.h"
+#include "common/resources.h"
+#include "common/validation.h"
+
+namespace shardcache {
+namespace {
+
+std::string InformerKey(const v1::GroupVersionResource& gvr, const ListWatchFilters& filters) {
+  return absl::StrCat(GvrKey(gvr), "|", filters.ToString());
+}
+
+bool IsBuiltIn(const v1::GroupVersionResource& gvr) {
+  for (const v1::GroupVersionResource& b : DynamicInformerFactory::BuiltInResources()) {
+    if (GvrKey(b) == GvrKey(gvr)) return true;
+  }
+  return false;
+}
+
+// The resources a ResourceDefinition serves: one per version marked served (the default). The
+// store validated the definition; one that does not parse serves nothing.
+std::map<std::string, v1::GroupVersionResource> ServedBy(const v1::Object& definition) {
+  std::map<std::string, v1::GroupVersionResource> served;
+  absl::StatusOr<ResourceDefinition> parsed = ParseResourceDefinition(definition);
+  if (!parsed.ok()) {
+    spdlog::warn("resource definition {}: {}: it serves nothing", definition.metadata().name(),
+                 std::string(parsed.status().message()));
+    return served;
+  }
+  for (v1::GroupVersionResource& gvr : parsed->ServedResources()) {
+    served.emplace(GvrKey(gvr), std::move(gvr));
+  }
+  return served;
+}
+
+}  // namespace
+
+// The subscribers and their queued events, delivered by one thread. Holds a reference to itself
+// from that thread, so that it may outlive the factory until the thread ends.
+class DynamicInformerFactory::Notifier : public std::enable_shared_from_this<Notifier> {
+ public:
+  using Listener = std::function<void(const ResourceEvent&)>;
+
+  void Start() {
+    absl::MutexLock l(&mu_);
+    thread_ = std::thread([self = shared_from_this()] { self->Run(); });
+  }
+
+  // Ends the thread (after the listener call in progress). Idempotent.
+  void Shutdown() {
+    std::thread thread;
+    {
+      absl::MutexLock l(&mu_);
+      shut_down_ = true;
+      subscribers_.clear();
+      thread = std::move(thread_);
+    }
+    if (!thread.joinable()) return;
+    if (thread.get_id() == std::this_thread::get_id()) {
+      thread.detach();  // from a listener: the thread ends after it returns
+    } else {
+      thread.join();
+    }
+  }
+
+  // A new subscriber, first told `initial`.
+  Subscription Add(Listener listener, std::vector<ResourceEvent> initial) {
+    absl::MutexLock l(&mu_);
+    if (shut_down_) return Subscription();
+    int64_t id = next_id_++;
+    Subscriber& s = subscribers_[id];
+    s.listener = std::make_shared<Listener>(std::move(listener));
+    s.pending.assign(initial.begin(), initial.end());
+    pending_ += initial.size();
+    return Subscription([weak = weak_from_this(), id]() {
+      if (std::shared_ptr<Notifier> self = weak.lock()) self->Remove(id);
+    });
+  }
+
+  // Queues `event` for every subscriber.
+  void Publish(const ResourceEvent& event) {
+    absl::MutexLock l(&mu_);
+    for (auto& [id, s] : subscribers_) {
+      s.pending.push_back(event);
+      ++pending_;
+    }
+  }
+
+ private:
+  struct Subscriber {
+    std::shared_ptr<Listener> listener;
+    std::deque<ResourceEvent> pending;
+  };
+
+  void Remove(int64_t id) {
+    absl::MutexLock l(&mu_);
+    auto it = subscribers_.find(id);
+    if (it == subscribers_.end()) return;
+    pending_ -= it->second.pending.size();
+    subscribers_.erase(it);
+    if (running_ == id && runner_ != std::this_thread::get_id()) {
+      auto done = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return running_ != id; };
+      mu_.Await(absl::Condition(&done));
+    }
+  }
+
+  void Run() {
+    absl::MutexLock l(&mu_);
+    runner_ = std::this_thread::get_id();
+    while (true) {
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shut_down_ || pending_ > 0; };
+      mu_.Await(absl::Condition(&ready));
+      if (shut_down_) return;
+      for (auto& [id, s] : subscribers_) {
+        if (s.pending.empty()) continue;
+        ResourceEvent event = std::move(s.pending.front());
+        s.pending.pop_front();
+        --pending_;
+        std::shared_ptr<Listener> listener = s.listener;
+        running_ = id;
+        mu_.Unlock();
+        (*listener)(event);
+        mu_.Lock();
+        running_ = 0;
+        break;  // subscribers_ may have changed
+      }
+    }
+  }
+
+  absl::Mutex mu_;
+  std::thread thread_ ABSL_GUARDED_BY(mu_);
+  std::thread::id runner_ ABSL_GUARDED_BY(mu_);
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<int64_t, Subscriber> subscribers_ ABSL_GUARDED_BY(mu_);
+  size_t pending_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t running_ ABSL_GUARDED_BY(mu_) = 0;  // the subscriber being called, 0: none
+};
+
+std::vector<v1::GroupVersionResource> DynamicInformerFactory::BuiltInResources() {
+  return {DefinitionResource(), LeaseResource(), CcrResource()};
+}
+
+v1::GroupVersionResource DynamicInformerFactory::DefinitionsResource() {
+  return DefinitionResource();
+}
+
+absl::StatusOr<std::unique_ptr<DynamicInformerFactory>> DynamicInformerFactory::Create(
+    std::shared_ptr<v1::Store::StubInterface> stub, Options options) {
+  if (stub == nullptr) return absl::InvalidArgumentError("stub: Required value");
+  std::unique_ptr<DynamicInformerFactory> factory(
+      new DynamicInformerFactory(std::move(stub), std::move(options)));
+  // Validates the options, and in follow_definitions mode starts the definitions informer.
+  if (absl::Status s = factory->Start(); !s.ok()) return s;
+  return factory;
+}
+
+DynamicInformerFactory::DynamicInformerFactory(std::shared_ptr<v1::Store::StubInterface> stub,
+                                               Options options)
+    : stub_(std::move(stub)),
+      options_(std::move(options)),
+      notifier_(std::make_shared<Notifier>()) {}
+
+absl::Status DynamicInformerFactory::Start() {
+  if (!options_.follow_definitions) {
+    // Validate now the options every informer will use.
+    const SharedInformer::Options& o = options_.informer;
+    absl::StatusOr<std::unique_ptr<StoreListerWatcher>> lw =
+        StoreListerWatcher::Create(stub_, DefinitionsResource(), {}, options_.lister_watcher);
+    if (!lw.ok()) return lw.status();
+    if (o.clock == nullptr) return absl::InvalidArgumentError("informer.clock: Required value");
+    if (o.handler_buffer == 0) {
+      return absl::InvalidArgumentError("informer.handler_buffer: must be positive");
+    }
+    if (o.reflector.page_size < 0) {
+      return absl::InvalidArgumentError("informer.reflector.page_size: must not be negative");
+    }
+    if (absl::StatusOr<Backoff> b = Backoff::Create(o.reflector.backoff, o.clock); !b.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("informer.reflector.", b.status().message()));
+    }
+    notifier_->Start();
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::shared_ptr<SharedInformer>> definitions =
+      NewInformer(DefinitionsResource(), {});
+  if (!definitions.ok()) return definitions.status();
+  notifier_->Start();
+  definitions_ = *std::move(definitions);
+  definitions_stopped_ = definitions_->OnStopped([this](const absl::Status& why) {
+    absl::MutexLock l(&mu_);
+    if (shut_down_) return;
+    spdlog::error(
+        "informer factory: the ResourceDefinitions informer stopped ({}): the factory no longer "
+        "knows what the store serves",
+        why.ToString());
+    definitions_lost_ = why;
+  });
+  absl::StatusOr<std::unique_ptr<SharedInformer::Registration>> registration =
+      definitions_->AddEventHandler(DefinitionsHandler());
+  if (!registration.ok()) return registration.status();
+  definitions_registration_ = *std::move(registration);
+  return definitions_->Run();
+}
+
+DynamicInformerFactory::~DynamicInformerFactory() {
+  std::map<std::string, Entry> entries;
+  {
+    absl::MutexLock l(&mu_);
+    shut_down_ = true;
+    entries.swap(informers_);
+  }
+  definitions_registration_.reset();
+  definitions_stopped_.Cancel();
+  for (auto& [key, entry] : entries) entry.on_stopped.Cancel();
+  const absl::Status reason =
+      absl::CancelledError("the DynamicInformerFactory that started this informer shut down");
+  for (auto& [key, entry] : entries) entry.informer->Stop(reason);
+  if (definitions_ != nullptr) definitions_->Stop(reason);
+  notifier_->Shutdown();
+}
+
+bool DynamicInformerFactory::HasSynced() const {
+  if (!options_.follow_definitions) return true;
+  return definitions_registration_ != nullptr && definitions_registration_->HasSynced();
+}
+
+bool DynamicInformerFactory::WaitForSync(absl::Duration timeout) const {
+  if (!options_.follow_definitions) return true;
+  return definitions_registration_ != nullptr && definitions_registration_->WaitForSync(timeout);
+}
+
+absl::Status DynamicInformerFactory::ServeAlways(const v1::GroupVersionResource& resource) {
+  if (options_.follow_definitions) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("ServeAlways(", StoreListerWatcher::ResourceName(resource),
+                     "): this factory follows the store's ResourceDefinitions, which decide what "
+                     "is served"));
+  }
+  if (absl::Status s = ValidateGroupVersionResource("resource", resource); !s.ok()) return s;
+  if (IsBuiltIn(resource)) return absl::OkStatus();
+  absl::MutexLock l(&mu_);
+  if (shut_down_) return absl::FailedPreconditionError("the informer factory is shutting down");
+  ServeLocked(resource);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<SharedInformer>> DynamicInformerFactory::ForResource(
+    const v1::GroupVersionResource& resource, const ListWatchFilters& filters) {
+  if (absl::Status s = ValidateGroupVersionResource("resource", resource); !s.ok()) return s;
+  if (absl::StatusOr<LabelSelector> sel = LabelSelector::Parse(filters.label_selector); !sel.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("filters.labelSelector: ", sel.status().message()));
+  }
+  const std::string name = StoreListerWatcher::ResourceName(resource);
+  const std::string key = InformerKey(resource, filters);
+  std::vector<Entry> dead;  // destroyed after the lock is released (see InformerStopped)
+  absl::MutexLock l(&mu_);
+  if (shut_down_) return absl::FailedPreconditionError("the informer factory is shutting down");
+  if (!IsBuiltIn(resource)) {
+    if (options_.follow_definitions) {
+      if (!definitions_lost_.ok()) {
+        return absl::UnavailableError(
+            absl::StrCat("cannot tell whether ", name,
+                         " is served: the informer factory lost the store's "
+                         "ResourceDefinitions (",
+                         definitions_lost_.ToString(), ")"));
+      }
+      if (!definitions_registration_->HasSynced()) {
+        return absl::UnavailableError(
+            absl::StrCat("cannot tell whether ", name,
+                         " is served yet: the informer factory has not synced the store's "
+                         "ResourceDefinitions; retry"));
+      }
+    }
+    if (served_.count(GvrKey(resource)) == 0) {
+      return absl::NotFoundError(absl::StrCat(
+          "resource ", name, " is not served by the store: ",
+          options_.follow_definitions
+              ? "no ResourceDefinition defines it (in that version), as far as the informer "
+                "factory has seen; subscribers are told when it becomes served"
+              : "the informer factory was not told to serve it (ServeAlways)"));
+    }
+  }
+  if (auto it = informers_.find(key); it != informers_.end()) {
+    if (!it->second.informer->IsStopped()) return it->second.informer;
+    dead.push_back(std::move(it->second));  // stopped; its callback has not removed it yet
+    informers_.erase(it);
+  }
+  absl::StatusOr<std::shared_ptr<SharedInformer>> informer = NewInformer(resource, filters);
+  if (!informer.ok()) return informer.status();
+  Entry entry;
+  entry.informer = *informer;
+  // Registered before Run(): it cannot be called on this thread, under mu_.
+  entry.on_stopped = entry.informer->OnStopped(
+      [this, key, raw = entry.informer.get()](const absl::Status&) { InformerStopped(key, raw); });
+  if (absl::Status s = entry.informer->Run(); !s.ok()) return s;
+  informers_[key] = std::move(entry);
+  return *informer;
+}
+
+bool DynamicInformerFactory::IsServed(const v1::GroupVersionResource& resource) const {
+  if (IsBuiltIn(resource)) return true;
+  absl::MutexLock l(&mu_);
+  return served_.count(GvrKey(resource)) > 0;
+}
+
+std::vector<v1::GroupVersionResource> DynamicInformerFactory::ServedResources() const {
+  std::map<std::string, v1::GroupVersionResource> all;
+  for (const v1::GroupVersionResource& b : BuiltInResources()) all.emplace(GvrKey(b), b);
+  {
+    absl::MutexLock l(&mu_);
+    all.insert(served_.begin(), served_.end());
+  }
+  std::vector<v1::GroupVersionResource> out;
+  for (auto& [key, gvr] : all) out.push_back(gvr);
+  return out;
+}
+
+Subscription DynamicInformerFactory::Subscribe(std::function<void(const ResourceEvent&)> listener) {
+  // Under mu_, so that no change falls between the snapshot and the subscription.
+  absl::MutexLock l(&mu_);
+  std::vector<ResourceEvent> initial;
+  for (const v1::GroupVersionResource& b : BuiltInResources()) {
+    initial.push_back({ResourceEvent::Type::kServed, b});
+  }
+  for (const auto& [key, gvr] : served_) initial.push_back({ResourceEvent::Type::kServed, gvr});
+  return notifier_->Add(std::move(listener), std::move(initial));
+}
+
+absl::StatusOr<std::shared_ptr<SharedInformer>> DynamicInformerFactory::NewInformer(
+    const v1::GroupVersionResource& resource, const ListWatchFilters& filters) {
+  absl::StatusOr<std::unique_ptr<StoreListerWatcher>> lw =
+      StoreListerWatcher::Create(stub_, resource, filters, options_.lister_watcher);
+  if (!lw.ok()) return lw.status();
+  SharedInformer::Options informer_options = options_.informer;
+  informer_options.name.clear();
+  return SharedInformer::Create(*std::move(lw), std::move(informer_options));
+}
+
+std::shared_ptr<ResourceEventHandler> DynamicInformerFactory::DefinitionsHandler() {
+  ResourceEventHandlerFuncs funcs;
+  funcs.on_add = [this](const ObjectRef& o, bool) {
+    ApplyDefinition(o->metadata().name(), o.get());
+  };
+  funcs.on_update = [this](const ObjectRef&, const ObjectRef& o) {
+    ApplyDefinition(o->metadata().name(), o.get());
+  };
+  funcs.on_delete = [this](const ObjectRef& o) { ApplyDefinition(o->metadata().name(), nullptr); };
+  return MakeHandler(std::move(funcs));
+}
+
+void DynamicInformerFactory::ApplyDefinition(const std::string& name,
+                                             const v1::Object* definition) {
+  std::map<std::string, v1::GroupVersionResource> now;
+  if (definition != nullptr) now = ServedBy(*definition);
+  std::vector<Entry> to_stop;
+  std::vector<std::pair<std::string, std::string>> gone;  // resource name, why
+  {
+    absl::MutexLock l(&mu_);
+    if (shut_down_) return;
+    std::set<std::string>& before = definitions_served_[name];
+    for (const std::string& key : std::set<std::string>(before)) {
+      if (now.count(key) > 0) continue;
+      auto it = served_.find(key);
+      if (it == served_.end()) continue;
+      v1::GroupVersionResource gvr = it->second;
+      for (Entry& e : UnserveLocked(gvr)) to_stop.push_back(std::move(e));
+      gone.emplace_back(StoreListerWatcher::ResourceName(gvr),
+                        definition == nullptr
+                            ? absl::StrCat("its ResourceDefinition ", name, " was deleted")
+                            : absl::StrCat("its ResourceDefinition ", name,
+                                           " no longer serves version ", gvr.version()));
+      before.erase(key);
+    }
+    for (const auto& [key, gvr] : now) {
+      if (before.insert(key).second) ServeLocked(gvr);
+    }
+    if (before.empty()) definitions_served_.erase(name);
+  }
+  for (const auto& [resource, why] : gone) {
+    spdlog::info("informer factory: {} is no longer served: {}", resource, why);
+  }
+  // Unsubscribe first (the factory has already dropped them), then stop: their users are told.
+  for (Entry& e : to_stop) e.on_stopped.Cancel();
+  for (Entry& e : to_stop) {
+    std::string resource = e.informer->name();
+    e.informer->Stop(absl::NotFoundError(absl::StrCat(
+        "informer ", resource, ": the resource is no longer served by the store (",
+        definition == nullptr ? absl::StrCat("its ResourceDefinition ", name, " was deleted")
+                              : absl::StrCat("its ResourceDefinition ", name, " changed"),
+        ")")));
+  }
+}
+
+void DynamicInformerFactory::ServeLocked(const v1::GroupVersionResource& resource) {
+  if (served_.emplace(GvrKey(resource), resource).second) {
+    spdlog::info("informer factory: {} is served", StoreListerWatcher::ResourceName(resource));
+    notifier_->Publish({ResourceEvent::Type::kServed, resource});
+  }
+}
+
+std::vector<DynamicInformerFactory::Entry> DynamicInformerFactory::UnserveLocked(
+    const v1::GroupVersionResource& resource) {
+  std::vector<Entry> dropped;
+  const std::string key = GvrKey(resource);
+  if (served_.erase(key) == 0) return dropped;
+  notifier_->Publish({ResourceEvent::Type::kUnserved, resource});
+  const std::string prefix = key + "|";
+  for (auto it = informers_.lower_bound(prefix);
+       it != informers_.end() && it->first.compare(0, prefix.size(), prefix) == 0;) {
+    dropped.push_back(std::move(it->second));
+    it = informers_.erase(it);
+  }
+  return dropped;
+}
+
+void DynamicInformerFactory::InformerStopped(const std::string& key,
+                                             const SharedInformer* informer) {
+  Entry dead;  // destroyed after the lock: its Subscription is the one calling us (no wait)
+  absl::MutexLock l(&mu_);
+  auto it = informers_.find(key);
+  if (it == informers_.end() || it->second.informer.get() != informer) return;
+  spdlog::info("informer factory: dropping stopped informer {}: {}", informer->name(),
+               informer->StopReason().ToString());
+  dead = std::move(it->second);
+  informers_.erase(it);
+}
+
+}  // namespace shardcache

@@ -1,0 +1,162 @@
+// DynamicInformerFactory: the informers of one store, for the whole life of the process
+// (client-go's dynamic shared informer factory plus discovery of what the store serves).
+//
+// It knows which resources the store serves:
+//   * built-in resources (resourcedefinitions, leases, clustercachedresources) always;
+//   * following definitions (a shard store): the resources that the store's ResourceDefinitions
+//     (core.shardcache.io/v1 resourcedefinitions) define, in the versions they mark served. The
+//     factory runs its own informer on those definitions;
+//   * otherwise (a cache store, which serves anything): the resources it is told with
+//     ServeAlways(gvr).
+//
+// ForResource(gvr, filters) returns the one running informer for that resource and filters,
+// starting it on first use; it is kept for the life of the process, never tied to leadership.
+// For a resource that is not served it returns NOT_FOUND, never a stopped informer. When a
+// resource stops being served (its definition deleted, or its version no longer served), the
+// factory drops its informers from its map at once (a recreated definition gets NEW informers)
+// and stops them with NOT_FOUND; an informer whose reflector gets NOT_FOUND by itself is dropped
+// too. Either way the informer's users are told through SharedInformer::OnStopped.
+//
+// Subscribe(listener) reports resource lifecycle events (served, unserved). A new subscriber is
+// first told about every resource already served (as kServed events), then every change, in
+// order. Listeners are called from one notifier thread, one event at a time, with no lock held.
+//
+// Discovery can lag the store: right after a definition is created, ForResource may still say
+// NOT_FOUND; subscribers hear kServed once the factory has seen it.
+//
+// Thread-safety: every method may be called from any thread (including from listeners and from
+// informer handlers). Nothing here takes a leadership context: the factory lives for the whole
+// process; its destructor (process exit, tests) stops every informer it started.
+#ifndef SHARDCACHE_COMMON_CLIENT_DYNAMIC_INFORMER_FACTORY_H_
+#define SHARDCACHE_COMMON_CLIENT_DYNAMIC_INFORMER_FACTORY_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/client/lister_watcher.h"
+#include "common/client/shared_informer.h"
+#include "shardcache/v1/store.grpc.pb.h"
+
+namespace shardcache {
+
+// A resource lifecycle event.
+struct ResourceEvent {
+  enum class Type {
+    kServed,    // the store serves the resource (now, or already when the subscriber joined)
+    kUnserved,  // it stopped serving it (definition deleted, or version no longer served)
+  };
+  Type type;
+  v1::GroupVersionResource resource;
+};
+
+class DynamicInformerFactory {
+ public:
+  struct Options {
+    // True for a shard store: follow its ResourceDefinitions. False for a cache store: serve the
+    // built-ins and what ServeAlways names.
+    bool follow_definitions = true;
+    // For every informer the factory starts (the definitions informer included); `name` is
+    // ignored (each informer is named after its resource and filters).
+    SharedInformer::Options informer;
+    StoreListerWatcher::Options lister_watcher;
+  };
+
+  // Validates the options and starts following the store (in follow_definitions mode, its
+  // definitions informer starts now). `stub` is shared with the informers.
+  static absl::StatusOr<std::unique_ptr<DynamicInformerFactory>> Create(
+      std::shared_ptr<v1::Store::StubInterface> stub, Options options);
+  // Stops every informer it started and the notifier thread. REQUIRES: not called from a
+  // subscriber's listener or from a handler of an informer of this factory.
+  ~DynamicInformerFactory();
+  DynamicInformerFactory(const DynamicInformerFactory&) = delete;
+  DynamicInformerFactory& operator=(const DynamicInformerFactory&) = delete;
+
+  // True once the factory knows what the store serves (the definitions' initial list has been
+  // processed; at once when not following definitions).
+  bool HasSynced() const;
+  // Waits up to `timeout` (real time) for HasSynced().
+  bool WaitForSync(absl::Duration timeout) const;
+
+  // Not following definitions: from now on `resource` is served (subscribers hear kServed once).
+  // FAILED_PRECONDITION when following definitions (there the definitions decide);
+  // INVALID_ARGUMENT for a malformed resource.
+  absl::Status ServeAlways(const v1::GroupVersionResource& resource);
+
+  // The running informer for `resource` and `filters`, started if needed. Errors:
+  //   NOT_FOUND           the resource is not served (as far as the factory has seen);
+  //   UNAVAILABLE         the definitions are not synced yet, or no longer followed: retry;
+  //   INVALID_ARGUMENT    a malformed resource or label selector;
+  //   FAILED_PRECONDITION the factory is shutting down.
+  // The informer may still stop later (e.g. its definition is deleted): use its OnStopped.
+  absl::StatusOr<std::shared_ptr<SharedInformer>> ForResource(
+      const v1::GroupVersionResource& resource, const ListWatchFilters& filters = {});
+
+  bool IsServed(const v1::GroupVersionResource& resource) const;
+  // Every served resource, built-ins included, sorted.
+  std::vector<v1::GroupVersionResource> ServedResources() const;
+
+  // Reports resource lifecycle events to `listener` (see above) until the Subscription is
+  // cancelled or destroyed.
+  Subscription Subscribe(std::function<void(const ResourceEvent&)> listener);
+
+  // The built-in resources, served by every store.
+  static std::vector<v1::GroupVersionResource> BuiltInResources();
+  // core.shardcache.io/v1 resourcedefinitions.
+  static v1::GroupVersionResource DefinitionsResource();
+
+  class Notifier;  // subscribers and their queued events (internal)
+
+ private:
+  struct Entry {
+    std::shared_ptr<SharedInformer> informer;
+    Subscription on_stopped;
+  };
+
+  DynamicInformerFactory(std::shared_ptr<v1::Store::StubInterface> stub, Options options);
+  absl::Status Start();
+  std::shared_ptr<ResourceEventHandler> DefinitionsHandler();
+  // The definitions informer's handler: `definition` (null: deleted) now serves what it says.
+  void ApplyDefinition(const std::string& name, const v1::Object* definition);
+  // Marks a resource served and tells the subscribers (if it was not served).
+  void ServeLocked(const v1::GroupVersionResource& resource) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks a resource unserved, tells the subscribers, and drops its informers from the map:
+  // the caller stops them after releasing mu_.
+  std::vector<Entry> UnserveLocked(const v1::GroupVersionResource& resource)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An informer's OnStopped callback: drops it from the map if it is still there.
+  void InformerStopped(const std::string& key, const SharedInformer* informer);
+  absl::StatusOr<std::shared_ptr<SharedInformer>> NewInformer(
+      const v1::GroupVersionResource& resource, const ListWatchFilters& filters);
+
+  // Constant after construction.
+  const std::shared_ptr<v1::Store::StubInterface> stub_;
+  const Options options_;
+  // Provides its own synchronization.
+  const std::shared_ptr<Notifier> notifier_;
+
+  // Set by Start(), then constant.
+  std::shared_ptr<SharedInformer> definitions_;
+  std::unique_ptr<SharedInformer::Registration> definitions_registration_;
+  Subscription definitions_stopped_;
+
+  mutable absl::Mutex mu_;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status definitions_lost_ ABSL_GUARDED_BY(mu_) = absl::OkStatus();
+  // Served resources other than the built-ins, by key "group/version/resource".
+  std::map<std::string, v1::GroupVersionResource> served_ ABSL_GUARDED_BY(mu_);
+  // Definition name -> the keys of the resources it serves.
+  std::map<std::string, std::set<std::string>> definitions_served_ ABSL_GUARDED_BY(mu_);
+  // Running informers by key "group/version/resource|filters".
+  std::map<std::string, Entry> informers_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace shardcache
+
+#endif  // SHARDCACHE_COMMON_CLIENT_DYNAMIC_INFORMER_FACTORY_H_

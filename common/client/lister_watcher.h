@@ -1,0 +1,139 @@
+// ListerWatcher: the only part of the informer machinery that talks to the store (client-go's
+// cache.ListerWatcher). A Reflector lists through it, then watches through it.
+//
+//   absl::StatusOr<v1::ListResponse> page = lw->List(500, "");        // one page
+//   std::unique_ptr<WatchEventStream> w = lw->Watch(page->resource_version());
+//   v1::WatchEvent e;
+//   while (w->Next(&e)) { ... }                                        // blocks
+//   absl::Status why = w->Finish();                                    // why it ended
+//
+// StoreListerWatcher implements it for one resource (GroupVersionResource) and its filters over
+// a shardcache.v1.Store stub. Errors are the store's codes as absl::Status: NOT_FOUND (the
+// resource is not served, or stopped being served), OUT_OF_RANGE (too old resource version: list
+// again), INVALID_ARGUMENT, UNAVAILABLE / DEADLINE_EXCEEDED (retry), CANCELLED (Shutdown or
+// WatchEventStream::Cancel was called).
+//
+// Store identity: a List answer (ListResponse.store_id) and every watch event (WatchEvent.store_id)
+// name the store that sent them, and so do the response headers of a watch
+// (WatchEventStream::StoreId, at once, before any event); the Reflector compares them (see
+// reflector.h).
+//
+// Thread-safety: a ListerWatcher may be called from any thread, and Shutdown() from any thread at
+// any time. A WatchEventStream's Next and Finish are for one thread (its reader); Cancel may be
+// called from any thread, at any time before the stream is destroyed.
+#ifndef SHARDCACHE_COMMON_CLIENT_LISTER_WATCHER_H_
+#define SHARDCACHE_COMMON_CLIENT_LISTER_WATCHER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "shardcache/v1/store.grpc.pb.h"
+#include "shardcache/v1/store.pb.h"
+
+namespace shardcache {
+
+// One open watch. Events arrive in revision order; the stream ends on an error, on Cancel(), or
+// when the store ends it.
+class WatchEventStream {
+ public:
+  virtual ~WatchEventStream() = default;  // cancels the stream if it is still open
+  // Blocks for the next event. False when the stream has ended: then call Finish().
+  virtual bool Next(v1::WatchEvent* event) = 0;
+  // Ends the stream: a blocked Next() returns false soon after. Any thread; idempotent.
+  virtual void Cancel() = 0;
+  // Why the stream ended (OK if the store ended it cleanly). REQUIRES: Next() returned false.
+  // Idempotent: later calls return the same status.
+  virtual absl::Status Finish() = 0;
+  // The identity of the store that serves the stream, as its response headers say; blocks until
+  // they arrive (Cancel() ends the wait). Empty when the store sent none or the stream failed.
+  // Call before the first Next(); later calls return the same value. The default knows of none.
+  virtual std::string StoreId() { return ""; }
+};
+
+class ListerWatcher {
+ public:
+  virtual ~ListerWatcher() = default;
+
+  // One page of at most `limit` objects (0: no limit), continuing `continue_token` (empty: the
+  // first page). The response's resource_version is the revision of the whole snapshot; its
+  // continue_token is empty on the last page.
+  virtual absl::StatusOr<v1::ListResponse> List(int64_t limit,
+                                                const std::string& continue_token) = 0;
+  // Opens a watch of the changes after `resource_version` (which must not be empty: a reflector
+  // always watches from a list's or an event's revision). Never null; an error to open shows as
+  // Next() returning false and Finish() returning it. The stream may outlive this object.
+  virtual std::unique_ptr<WatchEventStream> Watch(const std::string& resource_version) = 0;
+  // Cancels the List calls and watch streams in flight, and makes every later call fail at once
+  // with CANCELLED. Permanent. Any thread; idempotent.
+  virtual void Shutdown() = 0;
+  // What is listed and watched, for messages: "widgets.example.com/v1 cluster=c1".
+  virtual std::string Describe() const = 0;
+};
+
+// Filters of a List or Watch: each empty field means "any".
+struct ListWatchFilters {
+  std::string shard;
+  std::string cluster;
+  std::string namespace_;
+  // A Kubernetes label selector, e.g. "app=web,tier!=db".
+  std::string label_selector;
+
+  // "shard=a cluster=c1 namespace=ns labelSelector=app=web" (only the set fields); "" for none.
+  std::string ToString() const;
+  bool operator==(const ListWatchFilters& o) const {
+    return shard == o.shard && cluster == o.cluster && namespace_ == o.namespace_ &&
+           label_selector == o.label_selector;
+  }
+};
+
+// Lists and watches one resource of a shardcache store through its gRPC stub.
+class StoreListerWatcher : public ListerWatcher {
+ public:
+  struct Options {
+    // Deadline of each List call (one page).
+    absl::Duration list_timeout = absl::Seconds(30);
+    // Deadline of each watch stream: after it (plus up to the same again, at random, so that
+    // many watchers do not reconnect at once) the stream ends with DEADLINE_EXCEEDED and the
+    // reflector resumes from its last resourceVersion. Bounds how long a watch can sit on a
+    // connection that died without the client noticing. Zero: no deadline.
+    absl::Duration watch_timeout = absl::Minutes(5);
+  };
+
+  // Validates the resource (version and resource required), the label selector and the options:
+  // INVALID_ARGUMENT naming the field. `stub` is shared: it may serve other callers too.
+  static absl::StatusOr<std::unique_ptr<StoreListerWatcher>> Create(
+      std::shared_ptr<v1::Store::StubInterface> stub, v1::GroupVersionResource resource,
+      ListWatchFilters filters, Options options);
+  // Shuts down: cancels what is in flight.
+  ~StoreListerWatcher() override;
+
+  absl::StatusOr<v1::ListResponse> List(int64_t limit, const std::string& continue_token) override;
+  std::unique_ptr<WatchEventStream> Watch(const std::string& resource_version) override;
+  void Shutdown() override;
+  std::string Describe() const override;
+
+  // "widgets.example.com/v1" ("widgets/v1" for the core group).
+  static std::string ResourceName(const v1::GroupVersionResource& gvr);
+
+  class Calls;  // the calls in flight (internal)
+
+ private:
+  StoreListerWatcher(std::shared_ptr<v1::Store::StubInterface> stub,
+                     v1::GroupVersionResource resource, ListWatchFilters filters, Options options);
+
+  // Constant after construction.
+  const std::shared_ptr<v1::Store::StubInterface> stub_;
+  const v1::GroupVersionResource resource_;
+  const ListWatchFilters filters_;
+  const Options options_;
+  // Provides its own synchronization; shared with the open streams.
+  const std::shared_ptr<Calls> calls_;
+};
+
+}  // namespace shardcache
+
+#endif  // SHARDCACHE_COMMON_CLIENT_LISTER_WATCHER_H_

@@ -1,0 +1,628 @@
+#include "common/client/shared_informer.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <deque>
+#include <unordered_set>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "common/object_key.h"
+
+namespace shardcache {
+namespace {
+
+// How often a wait on a clock that cannot wake sleepers (a FakeClock) re-reads it.
+constexpr absl::Duration kClockPoll = absl::Milliseconds(10);
+
+class FuncHandler : public ResourceEventHandler {
+ public:
+  explicit FuncHandler(ResourceEventHandlerFuncs funcs) : funcs_(std::move(funcs)) {}
+  void OnAdd(const ObjectRef& object, bool is_initial_list) override {
+    if (funcs_.on_add) funcs_.on_add(object, is_initial_list);
+  }
+  void OnUpdate(const ObjectRef& old_object, const ObjectRef& new_object) override {
+    if (funcs_.on_update) funcs_.on_update(old_object, new_object);
+  }
+  void OnDelete(const ObjectRef& object) override {
+    if (funcs_.on_delete) funcs_.on_delete(object);
+  }
+
+ private:
+  const ResourceEventHandlerFuncs funcs_;
+};
+
+}  // namespace
+
+std::shared_ptr<ResourceEventHandler> MakeHandler(ResourceEventHandlerFuncs funcs) {
+  return std::make_shared<FuncHandler>(std::move(funcs));
+}
+
+// ---- FilteringResourceEventHandler ----
+
+FilteringResourceEventHandler::FilteringResourceEventHandler(
+    Predicate predicate, std::shared_ptr<ResourceEventHandler> inner)
+    : predicate_(std::move(predicate)), inner_(std::move(inner)) {}
+
+void FilteringResourceEventHandler::OnAdd(const ObjectRef& object, bool is_initial_list) {
+  if (predicate_(*object)) inner_->OnAdd(object, is_initial_list);
+}
+
+void FilteringResourceEventHandler::OnUpdate(const ObjectRef& old_object,
+                                             const ObjectRef& new_object) {
+  bool was = predicate_(*old_object);
+  bool is = predicate_(*new_object);
+  if (was && is) {
+    inner_->OnUpdate(old_object, new_object);
+  } else if (is) {
+    inner_->OnAdd(new_object, false);
+  } else if (was) {
+    inner_->OnDelete(old_object);
+  }
+}
+
+void FilteringResourceEventHandler::OnDelete(const ObjectRef& object) {
+  if (predicate_(*object)) inner_->OnDelete(object);
+}
+
+// ---- Subscription ----
+
+Subscription& Subscription::operator=(Subscription&& other) noexcept {
+  if (this != &other) {
+    Cancel();
+    cancel_ = std::move(other.cancel_);
+    other.cancel_ = nullptr;
+  }
+  return *this;
+}
+
+void Subscription::Cancel() {
+  if (!cancel_) return;
+  std::function<void()> cancel = std::move(cancel_);
+  cancel_ = nullptr;
+  cancel();
+}
+
+// ---- Internal state ----
+
+// An OnStopped callback: called at most once; Cancel() waits for a call in progress on another
+// thread.
+// A subscriber's callback: Cancel() turns it off, waiting for a call in progress on another
+// thread. A `once` callback (OnStopped) turns itself off when called.
+template <typename Arg>
+class SharedInformer::Callback {
+ public:
+  Callback(std::function<void(const Arg&)> fn, bool once) : fn_(std::move(fn)), once_(once) {}
+
+  void Call(const Arg& arg) {
+    {
+      absl::MutexLock l(&mu_);
+      if (cancelled_) return;
+      if (once_) cancelled_ = true;
+      running_ = true;
+      runner_ = std::this_thread::get_id();
+    }
+    fn_(arg);
+    absl::MutexLock l(&mu_);
+    running_ = false;
+  }
+
+  void Cancel() {
+    absl::MutexLock l(&mu_);
+    cancelled_ = true;
+    if (running_ && runner_ != std::this_thread::get_id()) {
+      mu_.Await(absl::Condition(
+          +[](bool* running) { return !*running; }, &running_));
+    }
+  }
+
+ private:
+  const std::function<void(const Arg&)> fn_;
+  const bool once_;
+  absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool running_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread::id runner_ ABSL_GUARDED_BY(mu_);
+};
+
+// A registration's bounded buffer and the state its delivery thread keeps.
+class SharedInformer::Listener {
+ public:
+  struct Change {
+    ObjectRef object;
+    bool deleted = false;
+  };
+
+  Listener(int64_t id, std::shared_ptr<ResourceEventHandler> handler, size_t capacity,
+           absl::Duration resync_period)
+      : id(id), handler(std::move(handler)), capacity(capacity), resync_period(resync_period) {}
+
+  // Constant after construction.
+  const int64_t id;
+  const std::shared_ptr<ResourceEventHandler> handler;
+  const size_t capacity;
+  const absl::Duration resync_period;
+
+  // Set (also under mu) by the remover; read before every call of the handler.
+  std::atomic<bool> removed{false};
+  std::atomic<bool> synced{false};
+  std::atomic<int64_t> overflows{0};
+
+  // Guarded by the informer's mu_: the remover takes it.
+  std::thread thread;
+
+  absl::Mutex mu ABSL_ACQUIRED_AFTER(SharedInformer::mu_);
+  std::deque<Change> queue ABSL_GUARDED_BY(mu);
+  // The queue was dropped (or never filled): the handler must be brought to the cache's state.
+  bool needs_resync ABSL_GUARDED_BY(mu) = true;
+  bool informer_stopped ABSL_GUARDED_BY(mu) = false;
+
+  // Used only by the delivery thread: what the handler has been told, by key.
+  absl::flat_hash_map<std::string, ObjectRef> view;
+  absl::Time next_resync = absl::InfiniteFuture();
+};
+
+// ---- Registration ----
+
+SharedInformer::Registration::~Registration() {
+  if (std::shared_ptr<SharedInformer> informer = informer_.lock()) {
+    (void)informer->RemoveEventHandler(this);
+  }
+}
+
+bool SharedInformer::Registration::HasSynced() const { return listener_->synced.load(); }
+
+bool SharedInformer::Registration::WaitForSync(absl::Duration timeout) const {
+  Listener* l = listener_.get();
+  absl::MutexLock lock(&l->mu);
+  auto done = [l]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(l->mu) {
+    return l->synced.load() || l->informer_stopped;
+  };
+  l->mu.AwaitWithTimeout(absl::Condition(&done), timeout);
+  return l->synced.load();
+}
+
+int64_t SharedInformer::Registration::overflows() const { return listener_->overflows.load(); }
+
+// ---- SharedInformer ----
+
+absl::StatusOr<std::shared_ptr<SharedInformer>> SharedInformer::Create(
+    std::unique_ptr<ListerWatcher> lw, Options options) {
+  if (lw == nullptr) return absl::InvalidArgumentError("lister_watcher: Required value");
+  if (options.clock == nullptr) return absl::InvalidArgumentError("options.clock: Required value");
+  if (options.handler_buffer == 0) {
+    return absl::InvalidArgumentError("options.handler_buffer: must be positive");
+  }
+  std::string name = options.name.empty() ? lw->Describe() : options.name;
+  std::shared_ptr<SharedInformer> informer(
+      new SharedInformer(name, options.clock, options.handler_buffer));
+  for (auto& [index, func] : options.indexers) {
+    if (absl::Status s = informer->store_.AddIndex(index, func); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("options.indexers[", index, "]: ", s.message()));
+    }
+  }
+  Reflector::Options ro = options.reflector;
+  ro.clock = options.clock;
+  ro.name = name;
+  absl::StatusOr<std::unique_ptr<Reflector>> reflector =
+      Reflector::Create(std::move(lw), static_cast<ReflectorSink*>(informer.get()), ro);
+  if (!reflector.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options.reflector: ", reflector.status().message()));
+  }
+  informer->reflector_ = *std::move(reflector);
+  return informer;
+}
+
+SharedInformer::SharedInformer(std::string name, const Clock* clock, size_t handler_buffer)
+    : name_(std::move(name)), clock_(clock), handler_buffer_(handler_buffer) {}
+
+SharedInformer::~SharedInformer() {
+  if (reflector_ != nullptr) Stop();
+  std::vector<std::thread> threads;
+  {
+    absl::MutexLock l(&mu_);
+    for (const std::shared_ptr<Listener>& listener : listeners_) {
+      absl::MutexLock b(&listener->mu);
+      listener->removed = true;
+      threads.push_back(std::move(listener->thread));
+    }
+    listeners_.clear();
+  }
+  // Every delivery thread holds a reference: only the one running this destructor (if any) can
+  // still be alive.
+  for (std::thread& t : threads) {
+    if (!t.joinable()) continue;
+    if (t.get_id() == std::this_thread::get_id()) {
+      t.detach();
+    } else {
+      t.join();
+    }
+  }
+  reflector_.reset();  // detaches its thread if this runs on it
+}
+
+absl::Status SharedInformer::Run() {
+  absl::MutexLock l(&mu_);
+  if (stopped_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "informer ", name_, " is stopped (", stop_reason_.ToString(), "): it cannot run again"));
+  }
+  if (!running_) {
+    running_ = true;
+    reflector_->Start();
+  }
+  return absl::OkStatus();
+}
+
+void SharedInformer::Stop() {
+  Stop(absl::CancelledError(absl::StrCat("informer ", name_, " was stopped by Stop()")));
+}
+
+void SharedInformer::Stop(absl::Status reason) {
+  if (reason.ok()) reason = absl::CancelledError(absl::StrCat("informer ", name_, " was stopped"));
+  {
+    absl::MutexLock l(&mu_);
+    if (!stopped_ && requested_stop_.ok()) requested_stop_ = std::move(reason);
+  }
+  // The reflector ends its loop and reports Stopped(), which marks this informer stopped with
+  // the reason above.
+  reflector_->Stop();
+}
+
+bool SharedInformer::HasSynced() const {
+  absl::MutexLock l(&mu_);
+  return synced_;
+}
+
+bool SharedInformer::WaitForSync(absl::Duration timeout) const {
+  absl::MutexLock l(&mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return synced_ || stopped_; };
+  mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
+  return synced_;
+}
+
+bool SharedInformer::IsStopped() const {
+  absl::MutexLock l(&mu_);
+  return stopped_;
+}
+
+absl::Status SharedInformer::StopReason() const {
+  absl::MutexLock l(&mu_);
+  return stop_reason_;
+}
+
+std::string SharedInformer::LastSyncResourceVersion() const {
+  return reflector_->LastResourceVersion();
+}
+
+Subscription SharedInformer::OnStopped(std::function<void(const absl::Status&)> callback) {
+  auto cb = std::make_shared<StopCallback>(std::move(callback), /*once=*/true);
+  absl::Status reason;
+  {
+    absl::MutexLock l(&mu_);
+    if (!stopped_) {
+      stop_callbacks_.push_back(cb);
+      return Subscription([weak = weak_from_this(), cb]() {
+        cb->Cancel();
+        if (std::shared_ptr<SharedInformer> informer = weak.lock()) {
+          informer->RemoveCallback(cb.get());
+        }
+      });
+    }
+    reason = stop_reason_;
+  }
+  cb->Call(reason);
+  return Subscription([cb]() { cb->Cancel(); });
+}
+
+void SharedInformer::RemoveCallback(const void* callback) {
+  absl::MutexLock l(&mu_);
+  auto same = [callback](const auto& cb) { return cb.get() == callback; };
+  stop_callbacks_.erase(std::remove_if(stop_callbacks_.begin(), stop_callbacks_.end(), same),
+                        stop_callbacks_.end());
+  store_callbacks_.erase(std::remove_if(store_callbacks_.begin(), store_callbacks_.end(), same),
+                         store_callbacks_.end());
+}
+
+Subscription SharedInformer::OnStoreChanged(std::function<void(const std::string&)> callback) {
+  auto cb = std::make_shared<StoreCallback>(std::move(callback), /*once=*/false);
+  {
+    absl::MutexLock l(&mu_);
+    store_callbacks_.push_back(cb);
+  }
+  return Subscription([weak = weak_from_this(), cb]() {
+    cb->Cancel();
+    if (std::shared_ptr<SharedInformer> informer = weak.lock()) {
+      informer->RemoveCallback(cb.get());
+    }
+  });
+}
+
+std::string SharedInformer::StoreId() const { return reflector_->StoreId(); }
+
+absl::StatusOr<std::unique_ptr<SharedInformer::Registration>> SharedInformer::AddEventHandler(
+    std::shared_ptr<ResourceEventHandler> handler, HandlerOptions options) {
+  if (handler == nullptr) return absl::InvalidArgumentError("handler: Required value");
+  if (options.resync_period < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("options.resync_period: must not be negative");
+  }
+  size_t capacity = options.buffer_size > 0 ? options.buffer_size : handler_buffer_;
+  absl::MutexLock l(&mu_);
+  if (stopped_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "informer ", name_, " is stopped (", stop_reason_.ToString(),
+        "): it will never deliver another event, so the handler was not added; get a running "
+        "informer (e.g. from DynamicInformerFactory::ForResource) and add it there"));
+  }
+  auto listener = std::make_shared<Listener>(next_listener_id_++, std::move(handler), capacity,
+                                             options.resync_period);
+  listeners_.push_back(listener);
+  listener->thread =
+      std::thread([self = shared_from_this(), listener] { self->Deliver(listener); });
+  return std::unique_ptr<Registration>(new Registration(weak_from_this(), listener));
+}
+
+absl::Status SharedInformer::RemoveEventHandler(Registration* registration) {
+  if (registration == nullptr) return absl::InvalidArgumentError("registration: Required value");
+  if (registration->informer_.lock().get() != this) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the registration does not belong to informer ", name_));
+  }
+  Listener* listener = registration->listener_.get();
+  std::thread thread;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = std::find_if(listeners_.begin(), listeners_.end(),
+                           [listener](const auto& p) { return p.get() == listener; });
+    if (it == listeners_.end()) return absl::OkStatus();  // already removed
+    listeners_.erase(it);
+    {
+      absl::MutexLock b(&listener->mu);
+      listener->removed = true;
+    }
+    thread = std::move(listener->thread);
+  }
+  if (thread.joinable()) {
+    if (thread.get_id() == std::this_thread::get_id()) {
+      thread.detach();  // called from its own handler: the thread ends after this call returns
+    } else {
+      thread.join();  // waits for a call in progress; the thread then sees `removed` and ends
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ---- ReflectorSink (the reflector's thread) ----
+
+void SharedInformer::Replace(std::vector<ObjectRef> objects, const std::string&) {
+  absl::MutexLock l(&mu_);
+  store_.Replace(std::move(objects));
+  synced_ = true;
+  // Every handler is brought to the new content by the difference with what it has seen.
+  for (const std::shared_ptr<Listener>& listener : listeners_) {
+    absl::MutexLock b(&listener->mu);
+    listener->queue.clear();
+    listener->needs_resync = true;
+  }
+}
+
+void SharedInformer::Add(ObjectRef object) {
+  absl::MutexLock l(&mu_);
+  store_.Upsert(object);
+  EnqueueLocked(object, false);
+}
+
+void SharedInformer::Update(ObjectRef object) {
+  absl::MutexLock l(&mu_);
+  store_.Upsert(object);
+  EnqueueLocked(object, false);
+}
+
+void SharedInformer::Delete(ObjectRef object) {
+  absl::MutexLock l(&mu_);
+  store_.Delete(ObjectKey(object->metadata()));
+  EnqueueLocked(object, true);
+}
+
+void SharedInformer::Bookmark(const std::string&) {}
+
+void SharedInformer::StoreChanged(const std::string& store_id) {
+  std::vector<std::shared_ptr<StoreCallback>> callbacks;
+  {
+    absl::MutexLock l(&mu_);
+    callbacks = store_callbacks_;
+  }
+  for (const std::shared_ptr<StoreCallback>& cb : callbacks) cb->Call(store_id);
+}
+
+void SharedInformer::Stopped(const absl::Status& reason) {
+  // Keeps the informer alive while the stop callbacks run, even if one of them drops the last
+  // other reference; it is then destroyed on this thread when this returns (which the reflector
+  // allows: Stopped() is the last thing its loop does).
+  std::shared_ptr<SharedInformer> self = weak_from_this().lock();
+  MarkStopped(reason);
+}
+
+void SharedInformer::EnqueueLocked(const ObjectRef& object, bool deleted) {
+  for (const std::shared_ptr<Listener>& listener : listeners_) {
+    absl::MutexLock b(&listener->mu);
+    if (listener->needs_resync) continue;  // the resync will read the cache, this included
+    if (listener->queue.size() >= listener->capacity) {
+      listener->queue.clear();
+      listener->needs_resync = true;
+      listener->overflows.fetch_add(1);
+      spdlog::warn(
+          "informer {}: handler #{} is {} events behind (its buffer is full): its pending events "
+          "were dropped and it will be resynced from the cache",
+          name_, listener->id, listener->capacity);
+      continue;
+    }
+    listener->queue.push_back(Listener::Change{object, deleted});
+  }
+}
+
+void SharedInformer::MarkStopped(absl::Status reason) {
+  std::vector<std::shared_ptr<StopCallback>> callbacks;
+  absl::Status final_reason;
+  {
+    absl::MutexLock l(&mu_);
+    if (stopped_) return;
+    stopped_ = true;
+    if (!requested_stop_.ok()) reason = requested_stop_;
+    if (reason.ok()) reason = absl::UnknownError(absl::StrCat("informer ", name_, " stopped"));
+    stop_reason_ = reason;
+    final_reason = reason;
+    for (const std::shared_ptr<Listener>& listener : listeners_) {
+      absl::MutexLock b(&listener->mu);
+      listener->informer_stopped = true;
+    }
+    callbacks.swap(stop_callbacks_);
+  }
+  if (final_reason.code() == absl::StatusCode::kCancelled) {
+    spdlog::info("informer {}: stopped: {}", name_, final_reason.ToString());
+  } else {
+    spdlog::warn("informer {}: stopped: {}", name_, final_reason.ToString());
+  }
+  // Nothing of this informer is touched after the callbacks: one may destroy it.
+  for (const std::shared_ptr<StopCallback>& cb : callbacks) cb->Call(final_reason);
+}
+
+// ---- Delivery (a registration's thread) ----
+
+void SharedInformer::Deliver(const std::shared_ptr<Listener>& listener_ref) {
+  Listener* l = listener_ref.get();
+  const bool real_clock = dynamic_cast<const RealClock*>(clock_) != nullptr;
+  ResourceEventHandler* handler = l->handler.get();
+  while (true) {
+    enum class Work { kResync, kPeriodic, kChange } work;
+    Listener::Change change;
+    {
+      absl::MutexLock lock(&l->mu);
+      auto ready = [l]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(l->mu) {
+        return l->removed.load() || l->needs_resync || !l->queue.empty() || l->informer_stopped;
+      };
+      bool periodic = false;
+      while (true) {
+        if (l->resync_period > absl::ZeroDuration() && l->synced.load() &&
+            clock_->Now() >= l->next_resync) {
+          periodic = true;
+          break;
+        }
+        if (ready()) break;
+        if (l->resync_period > absl::ZeroDuration() && l->synced.load()) {
+          absl::Duration left = l->next_resync - clock_->Now();
+          l->mu.AwaitWithTimeout(absl::Condition(&ready),
+                                 real_clock ? left : std::min(left, kClockPoll));
+        } else {
+          l->mu.Await(absl::Condition(&ready));
+        }
+      }
+      if (l->removed.load()) return;
+      if (l->needs_resync) {
+        work = Work::kResync;
+      } else if (periodic) {
+        work = Work::kPeriodic;
+      } else if (!l->queue.empty()) {
+        change = std::move(l->queue.front());
+        l->queue.pop_front();
+        work = Work::kChange;
+      } else {
+        return;  // the informer stopped and everything queued was delivered
+      }
+    }
+    switch (work) {
+      case Work::kResync:
+        if (!Resync(l)) return;
+        break;
+      case Work::kPeriodic: {
+        std::vector<ObjectRef> known;
+        known.reserve(l->view.size());
+        for (const auto& [key, object] : l->view) known.push_back(object);
+        for (const ObjectRef& object : known) {
+          if (l->removed.load()) return;
+          handler->OnUpdate(object, object);
+        }
+        l->next_resync = clock_->Now() + l->resync_period;
+        break;
+      }
+      case Work::kChange: {
+        std::string key = ObjectKey(change.object->metadata());
+        if (change.deleted) {
+          auto it = l->view.find(key);
+          if (it == l->view.end()) break;  // it never saw the object
+          l->view.erase(it);
+          if (l->removed.load()) return;
+          handler->OnDelete(change.object);
+        } else {
+          auto [it, inserted] = l->view.try_emplace(key, change.object);
+          if (l->removed.load()) return;
+          if (inserted) {
+            handler->OnAdd(change.object, false);
+          } else {
+            ObjectRef old = std::exchange(it->second, change.object);
+            handler->OnUpdate(old, change.object);
+          }
+        }
+        break;
+      }
+    }
+  }
+}
+
+bool SharedInformer::Resync(Listener* l) {
+  std::vector<ObjectRef> snapshot;
+  bool informer_synced;
+  {
+    absl::MutexLock a(&mu_);
+    absl::MutexLock b(&l->mu);
+    snapshot = store_.List();
+    l->queue.clear();  // the snapshot already includes these
+    l->needs_resync = false;
+    informer_synced = synced_;
+  }
+  ResourceEventHandler* handler = l->handler.get();
+  const bool initial = !l->synced.load();
+  std::unordered_set<std::string> present;
+  present.reserve(snapshot.size());
+  for (const ObjectRef& object : snapshot) present.insert(ObjectKey(object->metadata()));
+  std::vector<ObjectRef> gone;
+  for (auto it = l->view.begin(); it != l->view.end();) {
+    if (present.count(it->first) == 0) {
+      gone.push_back(it->second);
+      l->view.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  for (const ObjectRef& object : gone) {
+    if (l->removed.load()) return false;
+    handler->OnDelete(object);
+  }
+  for (const ObjectRef& object : snapshot) {
+    auto [it, inserted] = l->view.try_emplace(ObjectKey(object->metadata()), object);
+    if (inserted) {
+      if (l->removed.load()) return false;
+      handler->OnAdd(object, initial);
+    } else if (it->second->metadata().resource_version() != object->metadata().resource_version()) {
+      ObjectRef old = std::exchange(it->second, object);
+      if (l->removed.load()) return false;
+      handler->OnUpdate(old, object);
+    } else {
+      it->second = object;  // the same version: share the cache's copy
+    }
+  }
+  if (informer_synced && !l->synced.load()) {
+    if (l->resync_period > absl::ZeroDuration()) {
+      l->next_resync = clock_->Now() + l->resync_period;
+    }
+    absl::MutexLock lock(&l->mu);  // wakes WaitForSync
+    l->synced = true;
+  }
+  return true;
+}
+
+}  // namespace shardcache

@@ -1,0 +1,256 @@
+#include "common/client/work_queue.h"
+
+#include <algorithm>
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+
+namespace shardcache {
+
+// The series of one queue. prometheus-cpp metrics are thread-safe.
+struct WorkQueue::Metrics {
+  prometheus::Gauge& depth;
+  prometheus::Counter& adds;
+  prometheus::Counter& retries;
+  prometheus::Histogram& queue_duration;
+  prometheus::Histogram& work_duration;
+  prometheus::Gauge& unfinished_work;
+  prometheus::Gauge& longest_running;
+};
+
+namespace {
+
+prometheus::Gauge& MakeGauge(prometheus::Registry& r, const std::string& name,
+                             const std::string& help, const std::string& queue) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({{"name", queue}});
+}
+
+prometheus::Counter& MakeCounter(prometheus::Registry& r, const std::string& name,
+                                 const std::string& help, const std::string& queue) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({{"name", queue}});
+}
+
+prometheus::Histogram& MakeHistogram(prometheus::Registry& r, const std::string& name,
+                                     const std::string& help, const std::string& queue) {
+  // client-go's buckets: 10 ns to 10 s, a factor of 10 apart.
+  static const prometheus::Histogram::BucketBoundaries kBuckets = {1e-8, 1e-7, 1e-6, 1e-5, 1e-4,
+                                                                   1e-3, 1e-2, 1e-1, 1,    10};
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add({{"name", queue}},
+                                                                            kBuckets);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<WorkQueue>> WorkQueue::Create(Options options) {
+  if (options.clock == nullptr) return absl::InvalidArgumentError("work queue: clock is null");
+  if (options.tick_period <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("work queue: tick_period must be positive");
+  }
+  std::unique_ptr<Metrics> metrics;
+  if (options.registry != nullptr) {
+    if (options.name.empty()) {
+      return absl::InvalidArgumentError("work queue: a queue with metrics needs a name");
+    }
+    prometheus::Registry& r = *options.registry;
+    const std::string& q = options.name;
+    try {
+      metrics.reset(new Metrics{
+          MakeGauge(r, "shardcache_workqueue_depth", "Keys waiting in the work queue.", q),
+          MakeCounter(r, "shardcache_workqueue_adds_total", "Keys that became waiting.", q),
+          MakeCounter(r, "shardcache_workqueue_retries_total",
+                      "Keys added after a delay (AddAfter, AddRateLimited).", q),
+          MakeHistogram(r, "shardcache_workqueue_queue_duration_seconds",
+                        "How long a key waited in the queue before a worker got it.", q),
+          MakeHistogram(r, "shardcache_workqueue_work_duration_seconds",
+                        "How long a worker processed a key, from Get to Done.", q),
+          MakeGauge(r, "shardcache_workqueue_unfinished_work_seconds",
+                    "The summed age of the keys being processed now.", q),
+          MakeGauge(r, "shardcache_workqueue_longest_running_processor_seconds",
+                    "The age of the key processed for the longest time now.", q),
+      });
+    } catch (const std::exception& e) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("work queue ", q, ": cannot register its metrics: ", e.what()));
+    }
+  }
+  if (options.rate_limiter == nullptr) {
+    options.rate_limiter = DefaultControllerRateLimiter(options.clock);
+  }
+  bool run_ticker = options.run_ticker;
+  std::unique_ptr<WorkQueue> queue(new WorkQueue(std::move(options), std::move(metrics)));
+  if (run_ticker) queue->ticker_ = std::thread([q = queue.get()] { q->RunTicker(); });
+  return queue;
+}
+
+WorkQueue::WorkQueue(Options options, std::unique_ptr<Metrics> metrics)
+    : name_(std::move(options.name)),
+      clock_(options.clock),
+      tick_period_(options.tick_period),
+      rate_limiter_(std::move(options.rate_limiter)),
+      metrics_(std::move(metrics)) {}
+
+WorkQueue::~WorkQueue() {
+  {
+    absl::MutexLock l(&mu_);
+    ShutDownLocked();
+    ticker_stop_ = true;
+  }
+  if (ticker_.joinable()) ticker_.join();
+  if (metrics_ != nullptr) {
+    // Take this queue's share out of the gauges that a later queue of the same name shares.
+    absl::MutexLock l(&mu_);
+    metrics_->depth.Decrement(static_cast<double>(dirty_.size()));
+    metrics_->unfinished_work.Set(0);
+    metrics_->longest_running.Set(0);
+  }
+}
+
+void WorkQueue::Add(const std::string& key) {
+  absl::MutexLock l(&mu_);
+  AddLocked(key, clock_->Now());
+}
+
+void WorkQueue::AddLocked(const std::string& key, absl::Time now) {
+  if (shutting_down_) return;
+  if (!dirty_.insert(key).second) return;  // already waiting
+  if (metrics_ != nullptr) {
+    metrics_->adds.Increment();
+    metrics_->depth.Increment();
+    added_at_.emplace(key, now);
+  }
+  // A key that is processing waits in dirty_ only; Done puts it in the queue.
+  if (!processing_.contains(key)) queue_.push_back(key);
+}
+
+std::optional<std::string> WorkQueue::Get() {
+  absl::MutexLock l(&mu_);
+  mu_.Await(absl::Condition(this, &WorkQueue::CanGetLocked));
+  if (queue_.empty()) return std::nullopt;  // shut down and drained
+  std::string key = std::move(queue_.front());
+  queue_.pop_front();
+  dirty_.erase(key);
+  processing_.insert(key);
+  if (metrics_ != nullptr) {
+    absl::Time now = clock_->Now();
+    metrics_->depth.Decrement();
+    if (auto it = added_at_.find(key); it != added_at_.end()) {
+      metrics_->queue_duration.Observe(absl::ToDoubleSeconds(now - it->second));
+      added_at_.erase(it);
+    }
+    started_at_[key] = now;
+  }
+  return key;
+}
+
+void WorkQueue::Done(const std::string& key) {
+  absl::MutexLock l(&mu_);
+  if (processing_.erase(key) == 0) return;
+  if (metrics_ != nullptr) {
+    if (auto it = started_at_.find(key); it != started_at_.end()) {
+      metrics_->work_duration.Observe(absl::ToDoubleSeconds(clock_->Now() - it->second));
+      started_at_.erase(it);
+    }
+  }
+  if (dirty_.contains(key)) queue_.push_back(key);  // added while it was processing
+}
+
+size_t WorkQueue::Len() const {
+  absl::MutexLock l(&mu_);
+  return queue_.size();
+}
+
+void WorkQueue::AddAfter(const std::string& key, absl::Duration delay) {
+  absl::MutexLock l(&mu_);
+  if (shutting_down_) return;
+  if (metrics_ != nullptr) metrics_->retries.Increment();
+  absl::Time now = clock_->Now();
+  if (delay <= absl::ZeroDuration()) {
+    AddLocked(key, now);
+    return;
+  }
+  absl::Time due = now + delay;
+  auto [it, inserted] = delayed_.try_emplace(key, due);
+  if (!inserted) {
+    if (it->second <= due) return;  // already due as early
+    delayed_by_time_.erase({it->second, key});
+    it->second = due;
+  }
+  delayed_by_time_.emplace(due, key);
+  if (delayed_by_time_.begin()->second == key) ticker_wakeup_ = true;  // a new earliest
+}
+
+void WorkQueue::AddRateLimited(const std::string& key) {
+  if (ShuttingDown()) return;
+  AddAfter(key, rate_limiter_->When(key));
+}
+
+void WorkQueue::Forget(const std::string& key) { rate_limiter_->Forget(key); }
+
+int WorkQueue::NumRequeues(const std::string& key) { return rate_limiter_->NumRequeues(key); }
+
+void WorkQueue::ShutDown() {
+  absl::MutexLock l(&mu_);
+  ShutDownLocked();
+  draining_ = false;
+}
+
+void WorkQueue::ShutDownWithDrain() {
+  absl::MutexLock l(&mu_);
+  ShutDownLocked();
+  draining_ = true;
+  mu_.Await(absl::Condition(this, &WorkQueue::DrainedLocked));
+  draining_ = false;
+}
+
+void WorkQueue::ShutDownLocked() {
+  shutting_down_ = true;
+  delayed_.clear();
+  delayed_by_time_.clear();
+}
+
+bool WorkQueue::ShuttingDown() const {
+  absl::MutexLock l(&mu_);
+  return shutting_down_;
+}
+
+void WorkQueue::Tick() {
+  absl::MutexLock l(&mu_);
+  TickLocked(clock_->Now());
+}
+
+void WorkQueue::TickLocked(absl::Time now) {
+  while (!delayed_by_time_.empty() && delayed_by_time_.begin()->first <= now) {
+    std::string key = delayed_by_time_.begin()->second;
+    delayed_by_time_.erase(delayed_by_time_.begin());
+    delayed_.erase(key);
+    AddLocked(key, now);
+  }
+  if (metrics_ != nullptr) {
+    absl::Duration total = absl::ZeroDuration();
+    absl::Duration longest = absl::ZeroDuration();
+    for (const auto& [key, started] : started_at_) {
+      total += now - started;
+      longest = std::max(longest, now - started);
+    }
+    metrics_->unfinished_work.Set(absl::ToDoubleSeconds(total));
+    metrics_->longest_running.Set(absl::ToDoubleSeconds(longest));
+  }
+}
+
+void WorkQueue::RunTicker() {
+  absl::MutexLock l(&mu_);
+  while (!ticker_stop_) {
+    absl::Time now = clock_->Now();
+    TickLocked(now);
+    absl::Duration wait = tick_period_;
+    if (!delayed_by_time_.empty()) wait = std::min(wait, delayed_by_time_.begin()->first - now);
+    ticker_wakeup_ = false;
+    mu_.AwaitWithTimeout(absl::Condition(this, &WorkQueue::TickerWakeupLocked), wait);
+  }
+}
+
+}  // namespace shardcache

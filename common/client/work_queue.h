@@ -1,0 +1,190 @@
+// WorkQueue: a controller's queue of keys to reconcile (client-go's util/workqueue: queue.go,
+// delaying_queue.go and rate_limiting_queue.go in one type). It holds keys, never objects: a
+// worker reads the current object from an informer's cache when it processes the key.
+//
+//   WorkQueue::Options options;
+//   options.name = "ccr";
+//   options.registry = registry;
+//   ASSIGN_OR_RETURN(std::unique_ptr<WorkQueue> queue, WorkQueue::Create(std::move(options)));
+//
+//   queue->Add(key);                                         // event handlers
+//
+//   while (std::optional<std::string> key = queue->Get()) {  // each worker thread
+//     if (Reconcile(*key).ok()) queue->Forget(*key);
+//     else queue->AddRateLimited(*key);
+//     queue->Done(*key);
+//   }
+//
+// Guarantees:
+// - A key waits in the queue at most once: adding a key that is already waiting does nothing.
+// - A key is processed by one worker at a time: Get() hands it out and puts it in "processing"
+//   until Done(key). A key added while it is processing is handed out again after Done, once,
+//   however many times it was added meanwhile.
+// - Keys are handed out in the order they (first) became waiting.
+// - AddAfter(key, d) makes the key wait once the queue's clock reaches now + d. While the key is
+//   waiting for its time, a second AddAfter can only bring that time forward.
+// - AddRateLimited(key) is AddAfter(key, rate_limiter->When(key)); Forget(key) resets the key's
+//   backoff; both only touch the limiter, never the queue's contents.
+// - ShutDown(): later adds are ignored and keys still waiting for their time are dropped; Get()
+//   returns the keys already waiting, then std::nullopt to every caller (blocked ones too).
+//   ShutDownWithDrain() also waits until every key handed out has been Done.
+//
+// Time: AddAfter's delays and the metrics use Options::clock. A background "ticker" thread calls
+// Tick() when the next delayed key is due (measured in real time from clock->Now()) and at least
+// every tick_period. Tests that use a FakeClock turn the ticker off and call Tick() themselves
+// after FakeClock::Advance, so nothing depends on real time.
+//
+// Metrics (when Options::registry is set), labelled name=<Options::name>, as client-go's:
+//   shardcache_workqueue_depth                               keys waiting to be handed out
+//   shardcache_workqueue_adds_total                          keys that became waiting
+//   shardcache_workqueue_retries_total                       AddAfter / AddRateLimited calls
+//   shardcache_workqueue_queue_duration_seconds              histogram: from Add to Get
+//   shardcache_workqueue_work_duration_seconds               histogram: from Get to Done
+//   shardcache_workqueue_unfinished_work_seconds             sum of the ages of keys in processing
+//   shardcache_workqueue_longest_running_processor_seconds   the oldest of them
+// (the last two refreshed by Tick()). Queues with the same name in one registry share the series,
+// so a queue created again under the same name (a new leadership term) continues them.
+//
+// Thread-safe: every method may be called from any thread, concurrently. Get() and
+// ShutDownWithDrain() block; the others do not. A worker must not call ShutDownWithDrain() while
+// it holds a key (it would wait for itself).
+#ifndef SHARDCACHE_COMMON_CLIENT_WORK_QUEUE_H_
+#define SHARDCACHE_COMMON_CLIENT_WORK_QUEUE_H_
+
+#include <deque>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/client/rate_limiter.h"
+#include "common/clock.h"
+#include "prometheus/registry.h"
+
+namespace shardcache {
+
+class WorkQueue {
+ public:
+  struct Options {
+    // Names the queue: the `name` label of its metrics. Required when `registry` is set.
+    std::string name;
+    // The time source of AddAfter and of the metrics. Not owned; must outlive the queue.
+    const Clock* clock = RealClock::Get();
+    // Decides AddRateLimited's delays. Null: DefaultControllerRateLimiter(clock) (per key 5 ms
+    // doubling to 1000 s, overall 10 per second with a burst of 100).
+    std::unique_ptr<RateLimiter> rate_limiter;
+    // Where the metrics go. Null: no metrics.
+    std::shared_ptr<prometheus::Registry> registry;
+    // Run the ticker thread (see the file comment). Off: the owner calls Tick().
+    bool run_ticker = true;
+    // The longest the ticker sleeps between two Tick()s (> 0).
+    absl::Duration tick_period = absl::Milliseconds(500);
+  };
+
+  // INVALID_ARGUMENT for a null clock, a registry without a name, a tick_period <= 0, or metrics
+  // that the registry refuses (a name taken by another metric type).
+  static absl::StatusOr<std::unique_ptr<WorkQueue>> Create(Options options);
+
+  // Shuts the queue down and stops the ticker.
+  // REQUIRES: no other thread is inside, or will call, a method of this queue (shut it down and
+  // join the workers first).
+  ~WorkQueue();
+
+  WorkQueue(const WorkQueue&) = delete;
+  WorkQueue& operator=(const WorkQueue&) = delete;
+
+  // Makes `key` waiting, unless it already is or the queue is shutting down. A key that is
+  // processing is handed out again after its Done.
+  void Add(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Blocks until a key is waiting, and hands it out (it is now processing), or returns
+  // std::nullopt once the queue is shutting down and no key is waiting.
+  std::optional<std::string> Get() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The worker has finished `key` (returned by Get). If it was added meanwhile it waits again.
+  // Does nothing for a key that is not processing.
+  void Done(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The number of keys that Get() can hand out now (not those processing or delayed).
+  size_t Len() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Adds `key` once the clock reaches now + delay (at once if delay <= 0). Counts a retry.
+  void AddAfter(const std::string& key, absl::Duration delay) ABSL_LOCKS_EXCLUDED(mu_);
+  // AddAfter(key, rate_limiter->When(key)): one more failure of `key`.
+  void AddRateLimited(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
+  // `key` succeeded: its next AddRateLimited starts from the smallest delay again.
+  void Forget(const std::string& key);
+  // The failures of `key` counted by the rate limiter since it was last forgotten.
+  int NumRequeues(const std::string& key);
+
+  // Ignore later adds, drop delayed keys, and let Get() return the waiting keys, then
+  // std::nullopt. Wakes every blocked Get(), and ends a ShutDownWithDrain() that is waiting.
+  void ShutDown() ABSL_LOCKS_EXCLUDED(mu_);
+  // ShutDown, then block until every key handed out has been Done (or ShutDown() is called).
+  void ShutDownWithDrain() ABSL_LOCKS_EXCLUDED(mu_);
+  bool ShuttingDown() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The queue's time-driven work as of clock->Now(): delayed keys whose time has come become
+  // waiting, and the unfinished-work gauges are refreshed. The ticker thread calls it; with
+  // Options::run_ticker off, the owner does (tests: after FakeClock::Advance).
+  void Tick() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Metrics;
+
+  WorkQueue(Options options, std::unique_ptr<Metrics> metrics);
+
+  void AddLocked(const std::string& key, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ShutDownLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TickLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RunTicker() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Conditions for mu_.Await.
+  bool CanGetLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !queue_.empty() || shutting_down_;
+  }
+  bool DrainedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return processing_.empty() || !draining_;
+  }
+  bool TickerWakeupLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return ticker_wakeup_ || ticker_stop_;
+  }
+
+  // Constant after construction.
+  const std::string name_;
+  const Clock* const clock_;
+  const absl::Duration tick_period_;
+  const std::unique_ptr<RateLimiter> rate_limiter_;  // provides its own synchronization
+  const std::unique_ptr<Metrics> metrics_;           // null: no metrics; thread-safe
+
+  // State below is protected by mu_.
+  mutable absl::Mutex mu_;
+  std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);  // waiting keys, in order; each in dirty_
+  absl::flat_hash_set<std::string> dirty_ ABSL_GUARDED_BY(mu_);       // keys waiting
+  absl::flat_hash_set<std::string> processing_ ABSL_GUARDED_BY(mu_);  // keys handed out
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;  // a ShutDownWithDrain() is waiting
+
+  // Delayed keys: when each is due, and the same ordered by time.
+  absl::flat_hash_map<std::string, absl::Time> delayed_ ABSL_GUARDED_BY(mu_);
+  std::set<std::pair<absl::Time, std::string>> delayed_by_time_ ABSL_GUARDED_BY(mu_);
+
+  // For the metrics: when each waiting key was added, and each processing key handed out.
+  absl::flat_hash_map<std::string, absl::Time> added_at_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, absl::Time> started_at_ ABSL_GUARDED_BY(mu_);
+
+  bool ticker_wakeup_ ABSL_GUARDED_BY(mu_) = false;  // the earliest delayed key changed
+  bool ticker_stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread ticker_;  // not joinable when Options::run_ticker is off
+};
+
+}  // namespace shardcache
+
+#endif  // SHARDCACHE_COMMON_CLIENT_WORK_QUEUE_H_
