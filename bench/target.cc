@@ -59,7 +59,9 @@ grpc::Status Malformed(const char* what) {
                       absl::StrCat("store_bench could not read a ", what, " message"));
 }
 
-// One Watch of cache_server, read as raw bytes (see watch_wire.h).
+// One Watch of cache_server, read as raw bytes (see watch_wire.h): the call is made as the
+// generated stub makes it (the same method, through gRPC's callback factory), but with
+// grpc::ByteBuffer as the response type, so that gRPC hands over the message undecoded.
 class StoreWatch : public WatchStream, public grpc::ClientReadReactor<grpc::ByteBuffer> {
  public:
   explicit StoreWatch(WatchHandler* handler) : handler_(handler) {}
@@ -228,7 +230,8 @@ std::string PrefixEnd(std::string prefix) {
 }
 
 // One Watch stream carrying one watch (a prefix from now), read as raw bytes (see
-// watch_wire.h). The create request is the only write; the read chain runs until the stream ends.
+// watch_wire.h and StoreWatch). The create request is the only write; the read chain runs until the
+// stream ends.
 class EtcdWatch : public WatchStream,
                   public grpc::ClientBidiReactor<etcdserverpb::WatchRequest, grpc::ByteBuffer> {
  public:
