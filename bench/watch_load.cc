@@ -83,7 +83,7 @@ class WatchClient : public WatchHandler {
     }
     slot = static_cast<int32_t>(
         std::clamp<int64_t>((now - object.sent_ns) / 1000, 0, std::numeric_limits<int32_t>::max()));
-    last_receipt_ns_ = now;
+    last_receipt_ns_.store(now, std::memory_order_relaxed);
     received_.store(received_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   }
 
@@ -109,7 +109,7 @@ class WatchClient : public WatchHandler {
   int64_t duplicates() const { return duplicates_; }
   int64_t out_of_order() const { return out_of_order_; }
   int64_t unexpected() const { return unexpected_; }
-  int64_t last_receipt_ns() const { return last_receipt_ns_; }
+  int64_t last_receipt_ns() const { return last_receipt_ns_.load(std::memory_order_relaxed); }
   bool ended_early(grpc::Status* status) {
     absl::MutexLock l(&mu_);
     *status = status_;
@@ -128,7 +128,8 @@ class WatchClient : public WatchHandler {
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> synced_{false};
   std::atomic<bool> ended_{false};
-  std::atomic<int64_t> received_{0};  // written by the read chain only
+  std::atomic<int64_t> received_{0};         // written by the read chain only
+  std::atomic<int64_t> last_receipt_ns_{0};  // written by the read chain only
 
   // Owned by the read chain.
   std::vector<int32_t> latency_us_;
@@ -136,7 +137,6 @@ class WatchClient : public WatchHandler {
   int64_t out_of_order_ = 0;
   int64_t unexpected_ = 0;
   int64_t last_rv_ = 0;
-  int64_t last_receipt_ns_ = 0;
 
   absl::Mutex mu_;
   grpc::Status status_ ABSL_GUARDED_BY(mu_);
