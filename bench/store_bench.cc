@@ -751,6 +751,7 @@ int RunWatch(Options options) {
                          r.server_cores, r.client_cores)
       << absl::StrFormat("| store_bench CPU per delivered event | %.2f us |\n",
                          r.client_us_per_event)
+      << absl::StrFormat("| watch messages received (a batch is one) | %d |\n", r.messages_received)
       << "| busiest server thread, same interval | "
       << (r.server_busiest.name.empty()
               ? std::string("n/a")
@@ -1017,6 +1018,11 @@ int RunSideBySide(Options options) {
           notes.push_back(absl::StrFormat("%d/%d watchers in place in %.2f s", r.synced, r.watchers,
                                           r.sync_seconds));
           notes.push_back(absl::StrFormat("events %d/%d", r.events_received, r.events_expected));
+          if (r.messages_received > 0) {
+            notes.push_back(absl::StrFormat(
+                "%.2f events per message",
+                static_cast<double>(r.events_received) / static_cast<double>(r.messages_received)));
+          }
           if (r.duplicates + r.out_of_order > 0) {
             notes.push_back(
                 absl::StrFormat("%d duplicate, %d out of order", r.duplicates, r.out_of_order));

@@ -83,6 +83,7 @@ class StoreWatch : public WatchStream, public grpc::ClientReadReactor<grpc::Byte
     StartCall();
   }
   void Cancel() override { ctx_.TryCancel(); }
+  int64_t messages() const override { return messages_; }
 
   void OnReadInitialMetadataDone(bool ok) override {
     if (ok && from_revision_) handler_->OnSynced();
@@ -91,6 +92,7 @@ class StoreWatch : public WatchStream, public grpc::ClientReadReactor<grpc::Byte
   void OnReadDone(bool ok) override {
     if (!ok) return;  // OnDone follows with the status
     int64_t now = NowNanos();
+    ++messages_;
     bool read = ScanBuffer(&buffer_, [&](google::protobuf::io::CodedInputStream* in) {
       return ScanStoreWatchEvent(in, &facts_, [&](int type, const ObjectFacts& object) {
         if (type == v1::WatchEvent::BOOKMARK) {
@@ -123,6 +125,7 @@ class StoreWatch : public WatchStream, public grpc::ClientReadReactor<grpc::Byte
   std::atomic<bool> malformed_{false};
   // Owned by the read chain.
   grpc::ByteBuffer buffer_;
+  int64_t messages_ = 0;
   ObjectFacts facts_;
   bool synced_ = false;
 };
@@ -250,12 +253,14 @@ class EtcdWatch : public WatchStream,
     StartCall();
   }
   void Cancel() override { ctx_.TryCancel(); }
+  int64_t messages() const override { return messages_; }
 
   void OnWriteDone(bool /*ok*/) override {}
 
   void OnReadDone(bool ok) override {
     if (!ok) return;  // OnDone follows with the status
     int64_t now = NowNanos();
+    ++messages_;
     bool read = ScanBuffer(&buffer_, [&](google::protobuf::io::CodedInputStream* in) {
       return ScanEtcdWatchResponse(in, &response_, &facts_,
                                    [&](bool created, int64_t revision, const ObjectFacts& object) {
@@ -305,6 +310,7 @@ class EtcdWatch : public WatchStream,
   etcdserverpb::WatchRequest request_;
   // Owned by the read chain.
   grpc::ByteBuffer buffer_;
+  int64_t messages_ = 0;
   EtcdResponseFacts response_;
   ObjectFacts facts_;
   bool synced_ = false;

@@ -54,6 +54,8 @@ class WatchStream {
   virtual ~WatchStream() = default;
   // Ends the stream from the client's side; OnEnded follows.
   virtual void Cancel() = 0;
+  // Messages received so far (a batch is one message). Read it only after the handler's OnEnded.
+  virtual int64_t messages() const = 0;
 };
 
 class Target {

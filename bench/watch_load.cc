@@ -110,6 +110,7 @@ class WatchClient : public WatchHandler {
   int64_t out_of_order() const { return out_of_order_; }
   int64_t unexpected() const { return unexpected_; }
   int64_t last_receipt_ns() const { return last_receipt_ns_.load(std::memory_order_relaxed); }
+  int64_t messages() const { return stream_->messages(); }
   bool ended_early(grpc::Status* status) {
     absl::MutexLock l(&mu_);
     *status = status_;
@@ -363,6 +364,7 @@ WatchLoadResult RunWatchLoad(const WatchLoadOptions& options, Target* watch_targ
       }
       if (missing == 0) ++r.watchers_complete;
       if (late) ++r.watchers_late;
+      r.messages_received += w->messages();
       r.duplicates += w->duplicates();
       r.out_of_order += w->out_of_order();
       r.unexpected += w->unexpected();

@@ -75,8 +75,9 @@ struct WatchLoadResult {
   // the watchers: such a create was committed although its caller was told it failed.
   int64_t failed_writes_seen = 0;
 
-  int64_t events_expected = 0;  // over the watchers, the creates of its resource answered OK
-  int64_t events_received = 0;  // events of writes answered OK, counted once per watcher
+  int64_t events_expected = 0;    // over the watchers, the creates of its resource answered OK
+  int64_t events_received = 0;    // events of writes answered OK, counted once per watcher
+  int64_t messages_received = 0;  // watch messages (a batch is one), over the watchers
   int64_t duplicates = 0;
   int64_t out_of_order = 0;   // events whose resourceVersion did not rise
   int64_t unexpected = 0;     // events other than this run's ADDED events, after the bookmark
