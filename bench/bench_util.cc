@@ -187,11 +187,11 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, int index)
       target, credentials != nullptr ? credentials : grpc::InsecureChannelCredentials(), args);
 }
 
-v1::GroupVersionResource BenchResource() {
+v1::GroupVersionResource BenchResource(int index) {
   v1::GroupVersionResource r;
   r.set_group("bench.shardcache.io");
   r.set_version("v1");
-  r.set_resource("widgets");
+  r.set_resource(index == 0 ? std::string("widgets") : absl::StrCat("widgets", index));
   return r;
 }
 
@@ -200,9 +200,9 @@ std::string BenchObjectName(const std::string& run, int client, int64_t seq) {
 }
 
 v1::CreateRequest MakeCreateRequest(const std::string& run, int client, int64_t seq,
-                                    int64_t sent_ns) {
+                                    int64_t sent_ns, int resource) {
   v1::CreateRequest req;
-  *req.mutable_resource() = BenchResource();
+  *req.mutable_resource() = BenchResource(resource);
   v1::ObjectMeta* m = req.mutable_object()->mutable_metadata();
   m->set_cluster("bench");
   m->set_namespace_("default");

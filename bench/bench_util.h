@@ -69,8 +69,10 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, int index)
 // The credentials MakeChannel uses from now on (null: plaintext). Call before the load starts.
 void SetChannelCredentials(std::shared_ptr<grpc::ChannelCredentials> credentials);
 
-// The resource every benchmark object belongs to (the cache role serves any resource).
-v1::GroupVersionResource BenchResource();
+// Bench resource `index` (group bench.shardcache.io, version v1): resource "widgets" for index 0
+// (every load but --mode=watch --resources=N uses only it), "widgets<index>" for the others. The
+// cache role serves any resource, so none needs a ResourceDefinition.
+v1::GroupVersionResource BenchResource(int index = 0);
 
 // The name MakeCreateRequest gives the object of `run`, `client` and `seq`:
 // "w-<run>-<client>-<seq>".
@@ -78,9 +80,9 @@ std::string BenchObjectName(const std::string& run, int client, int64_t seq);
 
 // A Create request for a small (about 300 bytes) object named after `run`, `client` and `seq`,
 // whose spec carries `run`, `seq` and `sent_ns` (the sender's NowNanos()) so that a watcher can
-// tell its latency.
+// tell its latency, in bench resource `resource`.
 v1::CreateRequest MakeCreateRequest(const std::string& run, int client, int64_t seq,
-                                    int64_t sent_ns);
+                                    int64_t sent_ns, int resource = 0);
 
 // Adds a spec field "padding" of random text to `request` so that its object serializes to about
 // `object_bytes` bytes (within a few bytes; never less than it was). Random text, so that the

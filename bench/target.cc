@@ -1,6 +1,10 @@
 #include "bench/target.h"
 
+#include <google/protobuf/io/coded_stream.h>
+#include <grpcpp/support/proto_buffer_reader.h>
+
 #include <atomic>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -11,8 +15,6 @@
 
 namespace shardcache::bench {
 namespace {
-
-constexpr char kInitialEventsEnd[] = "k8s.io/initial-events-end";
 
 std::chrono::system_clock::time_point DeadlineIn(absl::Duration timeout) {
   return absl::ToChronoTime(absl::Now() + timeout);
@@ -39,7 +41,28 @@ void CallAsync(Request request, absl::Duration timeout, Start start, Finish fini
 
 // ---- cache_server ----
 
-class StoreWatch : public WatchStream, public grpc::ClientReadReactor<v1::WatchEvent> {
+// Reads the next message of `buffer` with `scan(CodedInputStream*)`, zero-copy over its slices.
+template <typename Scan>
+bool ScanBuffer(grpc::ByteBuffer* buffer, Scan scan) {
+  size_t length = buffer->Length();
+  grpc::ProtoBufferReader reader(buffer);
+  google::protobuf::io::CodedInputStream in(&reader);
+  google::protobuf::io::CodedInputStream::Limit limit = in.PushLimit(static_cast<int>(length));
+  bool ok = scan(&in);
+  in.PopLimit(limit);
+  return ok;
+}
+
+// The status of a stream whose message could not be read.
+grpc::Status Malformed(const char* what) {
+  return grpc::Status(grpc::StatusCode::INTERNAL,
+                      absl::StrCat("store_bench could not read a ", what, " message"));
+}
+
+// One Watch of cache_server, read as raw bytes (see watch_wire.h): the call is made as the
+// generated stub makes it (the same method, through gRPC's callback factory), but with
+// grpc::ByteBuffer as the response type, so that gRPC hands over the message undecoded.
+class StoreWatch : public WatchStream, public grpc::ClientReadReactor<grpc::ByteBuffer> {
  public:
   explicit StoreWatch(WatchHandler* handler) : handler_(handler) {}
 
@@ -47,18 +70,20 @@ class StoreWatch : public WatchStream, public grpc::ClientReadReactor<v1::WatchE
   // else every change after that revision, synced once the server has sent its headers (it
   // sends them as it takes the watch; every change after the revision comes, from its history if
   // need be).
-  void Start(v1::Store::Stub* stub, absl::Time deadline, const std::string& from_revision,
+  void Start(grpc::Channel* channel, const grpc::internal::RpcMethod& method,
+             const v1::GroupVersionResource& resource, const std::string& from_revision,
              bool batch_events) {
-    *request_.mutable_resource() = BenchResource();
+    *request_.mutable_resource() = resource;
     request_.set_batch_events(batch_events);
     request_.set_resource_version(from_revision);
     from_revision_ = !from_revision.empty();
-    ctx_.set_deadline(absl::ToChronoTime(deadline));
-    stub->async()->Watch(&ctx_, &request_, this);
-    StartRead(&event_);
+    grpc::internal::ClientCallbackReaderFactory<grpc::ByteBuffer>::Create(channel, method, &ctx_,
+                                                                          &request_, this);
+    StartRead(&buffer_);
     StartCall();
   }
   void Cancel() override { ctx_.TryCancel(); }
+  int64_t messages() const override { return messages_; }
 
   void OnReadInitialMetadataDone(bool ok) override {
     if (ok && from_revision_) handler_->OnSynced();
@@ -66,38 +91,43 @@ class StoreWatch : public WatchStream, public grpc::ClientReadReactor<v1::WatchE
 
   void OnReadDone(bool ok) override {
     if (!ok) return;  // OnDone follows with the status
-    if (event_.events_size() > 0) {
-      for (const v1::WatchEvent& e : event_.events()) Handle(e);
-    } else {
-      Handle(event_);
+    int64_t now = NowNanos();
+    ++messages_;
+    bool read = ScanBuffer(&buffer_, [&](google::protobuf::io::CodedInputStream* in) {
+      return ScanStoreWatchEvent(in, &facts_, [&](int type, const ObjectFacts& object) {
+        if (type == v1::WatchEvent::BOOKMARK) {
+          if (!synced_ && object.initial_events_end) {
+            synced_ = true;
+            handler_->OnSynced();
+          }
+        } else {
+          handler_->OnEvent(type == v1::WatchEvent::ADDED, object.resource_version, object, now);
+        }
+      });
+    });
+    buffer_.Clear();
+    if (!read) {
+      malformed_.store(true);
+      ctx_.TryCancel();
+      return;
     }
-    StartRead(&event_);
+    StartRead(&buffer_);
   }
-  void OnDone(const grpc::Status& status) override { handler_->OnEnded(status); }
+  void OnDone(const grpc::Status& status) override {
+    handler_->OnEnded(malformed_.load() ? Malformed("cache_server WatchEvent") : status);
+  }
 
  private:
-  // One event, whether it came alone or in a batch.
-  void Handle(const v1::WatchEvent& event) {
-    const v1::Object& object = event.object();
-    if (event.type() == v1::WatchEvent::BOOKMARK) {
-      auto it = object.metadata().annotations().find(kInitialEventsEnd);
-      if (!synced_ && it != object.metadata().annotations().end() && it->second == "true") {
-        synced_ = true;
-        handler_->OnSynced();
-      }
-    } else {
-      int64_t rv = 0;
-      if (!absl::SimpleAtoi(object.metadata().resource_version(), &rv)) rv = -1;
-      handler_->OnEvent(event.type() == v1::WatchEvent::ADDED, &object, rv);
-    }
-  }
-
   WatchHandler* const handler_;
   grpc::ClientContext ctx_;
   v1::WatchRequest request_;
-  v1::WatchEvent event_;
   bool from_revision_ = false;
-  bool synced_ = false;  // owned by the read chain
+  std::atomic<bool> malformed_{false};
+  // Owned by the read chain.
+  grpc::ByteBuffer buffer_;
+  int64_t messages_ = 0;
+  ObjectFacts facts_;
+  bool synced_ = false;
 };
 
 class StoreTarget : public Target {
@@ -105,7 +135,12 @@ class StoreTarget : public Target {
   StoreTarget(std::vector<std::shared_ptr<grpc::Channel>> channels, bool watch_from_now,
               bool batch_events)
       : watch_from_now_(watch_from_now), batch_events_(batch_events) {
-    for (const auto& ch : channels) stubs_.push_back(v1::Store::NewStub(ch));
+    for (const auto& ch : channels) {
+      stubs_.push_back(v1::Store::NewStub(ch));
+      watch_methods_.emplace_back("/shardcache.v1.Store/Watch",
+                                  grpc::internal::RpcMethod::SERVER_STREAMING, ch);
+    }
+    channels_ = std::move(channels);
   }
   Kind kind() const override { return Kind::kCacheServer; }
   int slots() const override { return static_cast<int>(stubs_.size()); }
@@ -149,10 +184,11 @@ class StoreTarget : public Target {
         });
   }
 
-  std::unique_ptr<WatchStream> Watch(int slot, absl::Time deadline,
-                                     WatchHandler* handler) override {
+  std::unique_ptr<WatchStream> Watch(int slot, int resource, WatchHandler* handler) override {
     auto w = std::make_unique<StoreWatch>(handler);
-    w->Start(StoreStub(slot), deadline, watch_from_now_ ? CurrentRevision() : "", batch_events_);
+    size_t i = static_cast<size_t>(slot) % channels_.size();
+    w->Start(channels_[i].get(), watch_methods_[i], BenchResource(resource),
+             watch_from_now_ ? CurrentRevision() : "", batch_events_);
     return w;
   }
 
@@ -172,7 +208,10 @@ class StoreTarget : public Target {
     return revision_;
   }
 
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::vector<std::unique_ptr<v1::Store::Stub>> stubs_;
+  // The Watch method of each channel, called with a raw-bytes reader (see StoreWatch).
+  std::vector<grpc::internal::RpcMethod> watch_methods_;
   const bool watch_from_now_;
   const bool batch_events_;
   absl::Mutex mu_;
@@ -193,76 +232,90 @@ std::string PrefixEnd(std::string prefix) {
   return std::string(1, '\0');
 }
 
-// One Watch stream carrying one watch (a prefix from now). The create request is the only
-// write; the read chain runs until the stream ends.
-class EtcdWatch
-    : public WatchStream,
-      public grpc::ClientBidiReactor<etcdserverpb::WatchRequest, etcdserverpb::WatchResponse> {
+// One Watch stream carrying one watch (a prefix from now), read as raw bytes (see
+// watch_wire.h and StoreWatch). The create request is the only write; the read chain runs until the
+// stream ends.
+class EtcdWatch : public WatchStream,
+                  public grpc::ClientBidiReactor<etcdserverpb::WatchRequest, grpc::ByteBuffer> {
  public:
   explicit EtcdWatch(WatchHandler* handler) : handler_(handler) {}
 
-  void Start(etcdserverpb::Watch::Stub* stub, absl::Time deadline) {
+  void Start(grpc::Channel* channel, const grpc::internal::RpcMethod& method,
+             const std::string& prefix) {
     etcdserverpb::WatchCreateRequest* create = request_.mutable_create_request();
-    create->set_key(EtcdPrefix());
-    create->set_range_end(PrefixEnd(EtcdPrefix()));
-    ctx_.set_deadline(absl::ToChronoTime(deadline));
-    stub->async()->Watch(&ctx_, this);
+    create->set_key(prefix);
+    create->set_range_end(PrefixEnd(prefix));
+    grpc::internal::ClientCallbackReaderWriterFactory<etcdserverpb::WatchRequest,
+                                                      grpc::ByteBuffer>::Create(channel, method,
+                                                                                &ctx_, this);
     StartWrite(&request_);
-    StartRead(&response_);
+    StartRead(&buffer_);
     StartCall();
   }
   void Cancel() override { ctx_.TryCancel(); }
+  int64_t messages() const override { return messages_; }
 
   void OnWriteDone(bool /*ok*/) override {}
 
   void OnReadDone(bool ok) override {
     if (!ok) return;  // OnDone follows with the status
-    if (response_.created() && !synced_) {
-      synced_ = true;
-      handler_->OnSynced();
-    }
-    for (const mvccpb::Event& e : response_.events()) {
-      bool parsed = object_.ParseFromString(e.kv().value());
-      handler_->OnEvent(e.type() == mvccpb::Event::PUT && e.kv().version() == 1,
-                        parsed ? &object_ : nullptr, e.kv().mod_revision());
-    }
-    if (response_.canceled()) {
-      // The server ended the watch but keeps the stream: end it, and report why.
-      {
-        absl::MutexLock l(&mu_);
-        canceled_reason_ =
-            absl::StrCat("etcd canceled the watch (compact_revision ", response_.compact_revision(),
-                         "): ", response_.cancel_reason());
-      }
+    int64_t now = NowNanos();
+    ++messages_;
+    bool read = ScanBuffer(&buffer_, [&](google::protobuf::io::CodedInputStream* in) {
+      return ScanEtcdWatchResponse(in, &response_, &facts_,
+                                   [&](bool created, int64_t revision, const ObjectFacts& object) {
+                                     handler_->OnEvent(created, revision, object, now);
+                                   });
+    });
+    buffer_.Clear();
+    if (!read) {
+      SetEndReason(Malformed("etcd WatchResponse"));
       ctx_.TryCancel();
       return;
     }
-    StartRead(&response_);
+    if (response_.created && !synced_) {
+      // etcd sends the created response before any event of the watch.
+      synced_ = true;
+      handler_->OnSynced();
+    }
+    if (response_.canceled) {
+      // The server ended the watch but keeps the stream: end it, and report why.
+      SetEndReason(
+          grpc::Status(grpc::StatusCode::ABORTED,
+                       absl::StrCat("etcd canceled the watch (compact_revision ",
+                                    response_.compact_revision, "): ", response_.cancel_reason)));
+      ctx_.TryCancel();
+      return;
+    }
+    StartRead(&buffer_);
   }
 
   void OnDone(const grpc::Status& status) override {
-    std::string reason;
+    std::optional<grpc::Status> reason;
     {
       absl::MutexLock l(&mu_);
-      reason = canceled_reason_;
+      reason = end_reason_;
     }
-    if (!reason.empty()) {
-      handler_->OnEnded(grpc::Status(grpc::StatusCode::ABORTED, reason));
-    } else {
-      handler_->OnEnded(status);
-    }
+    handler_->OnEnded(reason.has_value() ? *reason : status);
   }
 
  private:
+  void SetEndReason(grpc::Status status) {
+    absl::MutexLock l(&mu_);
+    end_reason_ = std::move(status);
+  }
+
   WatchHandler* const handler_;
   grpc::ClientContext ctx_;
   etcdserverpb::WatchRequest request_;
   // Owned by the read chain.
-  etcdserverpb::WatchResponse response_;
-  v1::Object object_;
+  grpc::ByteBuffer buffer_;
+  int64_t messages_ = 0;
+  EtcdResponseFacts response_;
+  ObjectFacts facts_;
   bool synced_ = false;
   absl::Mutex mu_;
-  std::string canceled_reason_ ABSL_GUARDED_BY(mu_);
+  std::optional<grpc::Status> end_reason_ ABSL_GUARDED_BY(mu_);
 };
 
 class EtcdTarget : public Target {
@@ -270,15 +323,17 @@ class EtcdTarget : public Target {
   explicit EtcdTarget(std::vector<std::shared_ptr<grpc::Channel>> channels) {
     for (const auto& ch : channels) {
       kv_.push_back(etcdserverpb::KV::NewStub(ch));
-      watch_.push_back(etcdserverpb::Watch::NewStub(ch));
+      watch_methods_.emplace_back("/etcdserverpb.Watch/Watch",
+                                  grpc::internal::RpcMethod::BIDI_STREAMING, ch);
     }
+    channels_ = std::move(channels);
   }
   Kind kind() const override { return Kind::kEtcd; }
   int slots() const override { return static_cast<int>(kv_.size()); }
 
   void Create(int slot, v1::CreateRequest request, absl::Duration timeout, Done done) override {
     etcdserverpb::PutRequest put;
-    put.set_key(EtcdKey(request.object().metadata()));
+    put.set_key(EtcdKey(request.resource(), request.object().metadata()));
     put.set_value(request.object().SerializeAsString());
     etcdserverpb::KV::Stub* kv = Kv(slot);
     CallAsync<etcdserverpb::PutResponse>(
@@ -291,7 +346,7 @@ class EtcdTarget : public Target {
   void Get(int slot, const v1::ObjectMeta& key, absl::Duration timeout,
            std::function<void(const grpc::Status&, bool)> done) override {
     etcdserverpb::RangeRequest range;
-    range.set_key(EtcdKey(key));
+    range.set_key(EtcdKey(BenchResource(), key));
     etcdserverpb::KV::Stub* kv = Kv(slot);
     CallAsync<etcdserverpb::RangeResponse>(
         std::move(range), timeout, [kv](auto... args) { kv->async()->Range(args...); },
@@ -327,29 +382,33 @@ class EtcdTarget : public Target {
         });
   }
 
-  std::unique_ptr<WatchStream> Watch(int slot, absl::Time deadline,
-                                     WatchHandler* handler) override {
+  std::unique_ptr<WatchStream> Watch(int slot, int resource, WatchHandler* handler) override {
     auto w = std::make_unique<EtcdWatch>(handler);
-    w->Start(watch_[slot % watch_.size()].get(), deadline);
+    size_t i = static_cast<size_t>(slot) % channels_.size();
+    w->Start(channels_[i].get(), watch_methods_[i], EtcdPrefix(BenchResource(resource)));
     return w;
   }
 
  private:
   etcdserverpb::KV::Stub* Kv(int slot) { return kv_[slot % kv_.size()].get(); }
 
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::vector<std::unique_ptr<etcdserverpb::KV::Stub>> kv_;
-  std::vector<std::unique_ptr<etcdserverpb::Watch::Stub>> watch_;
+  // The Watch method of each channel, called with a raw-bytes reader (see EtcdWatch).
+  std::vector<grpc::internal::RpcMethod> watch_methods_;
 };
 
 }  // namespace
 
-std::string EtcdPrefix() {
-  v1::GroupVersionResource r = BenchResource();
-  return absl::StrCat("/registry/", r.group(), "/", r.resource(), "/");
+std::string EtcdPrefix(const v1::GroupVersionResource& resource) {
+  return absl::StrCat("/registry/", resource.group(), "/", resource.resource(), "/");
 }
 
-std::string EtcdKey(const v1::ObjectMeta& meta) {
-  return absl::StrCat(EtcdPrefix(), meta.cluster(), "/", meta.namespace_(), "/", meta.name());
+std::string EtcdPrefix() { return EtcdPrefix(BenchResource()); }
+
+std::string EtcdKey(const v1::GroupVersionResource& resource, const v1::ObjectMeta& meta) {
+  return absl::StrCat(EtcdPrefix(resource), meta.cluster(), "/", meta.namespace_(), "/",
+                      meta.name());
 }
 
 std::unique_ptr<Target> MakeStoreTarget(std::vector<std::shared_ptr<grpc::Channel>> channels,

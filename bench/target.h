@@ -23,11 +23,14 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "bench/watch_wire.h"
 #include "shardcache/v1/store.grpc.pb.h"
 
 namespace shardcache::bench {
 
 // What a watch delivers to its load. Called on gRPC's threads, one call at a time per stream.
+// Watches read their messages' wire bytes with the scanners of watch_wire.h (the same work per
+// event for every target) and hand over only the facts the load needs.
 class WatchHandler {
  public:
   virtual ~WatchHandler() = default;
@@ -35,9 +38,11 @@ class WatchHandler {
   // initial-events-end bookmark; etcd: the created response).
   virtual void OnSynced() = 0;
   // One change: `created` when it made a new object (cache_server: ADDED; etcd: a PUT of the
-  // key's first version), the object (nullptr if it could not be parsed), and the revision at
-  // which it happened.
-  virtual void OnEvent(bool created, const v1::Object* object, int64_t revision) = 0;
+  // key's first version), the revision at which it happened, the object's facts (bench false if
+  // it is not a bench object or could not be read), and when its message was received
+  // (NowNanos(); the same for every event of one message).
+  virtual void OnEvent(bool created, int64_t revision, const ObjectFacts& object,
+                       int64_t received_ns) = 0;
   // The stream has ended, with this status (cancelled by Cancel, or ended by the server). Nothing
   // is called after it; the stream may then be destroyed.
   virtual void OnEnded(const grpc::Status& status) = 0;
@@ -49,6 +54,8 @@ class WatchStream {
   virtual ~WatchStream() = default;
   // Ends the stream from the client's side; OnEnded follows.
   virtual void Cancel() = 0;
+  // Messages received so far (a batch is one message). Read it only after the handler's OnEnded.
+  virtual int64_t messages() const = 0;
 };
 
 class Target {
@@ -65,8 +72,9 @@ class Target {
   // slot % slots().
   virtual int slots() const = 0;
 
-  // Creates request.object() (a key that does not exist yet). `done` runs once, on a gRPC
-  // thread, when the server has answered or the deadline `timeout` from now has passed.
+  // Creates request.object() in request.resource() (a key that does not exist yet). `done` runs
+  // once, on a gRPC thread, when the server has answered or the deadline `timeout` from now has
+  // passed.
   virtual void Create(int slot, v1::CreateRequest request, absl::Duration timeout, Done done) = 0;
   // Reads the object whose metadata is `key` (cluster, namespace, name); `found` tells whether it
   // was there.
@@ -75,9 +83,9 @@ class Target {
   // Lists every object of the bench resource, in one response; `items` is how many came.
   virtual void List(int slot, absl::Duration timeout,
                     std::function<void(const grpc::Status& status, int64_t items)> done) = 0;
-  // Opens a watch of the bench resource from now, ending at `deadline` at the latest.
-  virtual std::unique_ptr<WatchStream> Watch(int slot, absl::Time deadline,
-                                             WatchHandler* handler) = 0;
+  // Opens a watch of bench resource `resource` (BenchResource(resource)) from now. It has no
+  // deadline: it runs until Cancel, or until the server ends it.
+  virtual std::unique_ptr<WatchStream> Watch(int slot, int resource, WatchHandler* handler) = 0;
 
   // cache_server only: the Store stub of `slot`, for loads that use calls other targets do not
   // have (the Write stream); nullptr for etcd.
@@ -96,8 +104,10 @@ std::unique_ptr<Target> MakeStoreTarget(std::vector<std::shared_ptr<grpc::Channe
 // An etcd (v3 gRPC API) over `channels` (at least one).
 std::unique_ptr<Target> MakeEtcdTarget(std::vector<std::shared_ptr<grpc::Channel>> channels);
 
-// The etcd key of an object with metadata `meta`, and the prefix of every bench object's key.
-std::string EtcdKey(const v1::ObjectMeta& meta);
+// The etcd key of an object of `resource` with metadata `meta`, and the prefix of every key of
+// `resource` (bench resource 0 by default).
+std::string EtcdKey(const v1::GroupVersionResource& resource, const v1::ObjectMeta& meta);
+std::string EtcdPrefix(const v1::GroupVersionResource& resource);
 std::string EtcdPrefix();
 
 }  // namespace shardcache::bench

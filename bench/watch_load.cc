@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <thread>
 
 #include "absl/status/status.h"
@@ -27,23 +28,30 @@ struct Progress {
   std::atomic<int64_t> last_sync_ns{0};
 };
 
-// One watch. The read chain (OnEvent) owns the counters and samples; the main thread reads them
-// only after OnEnded.
+// One watch of one bench resource. The read chain (OnEvent) owns the per-event state: no lock,
+// no allocation and no shared write per event. The main thread reads that state only after
+// OnEnded.
 class WatchClient : public WatchHandler {
  public:
-  struct Sample {
-    int32_t seq;
-    int64_t latency_ns;  // write sent -> event received
-  };
+  // A slot of latency_us() whose create this watcher has not received.
+  static constexpr int32_t kUnseen = std::numeric_limits<int32_t>::min();
 
-  WatchClient(Progress* progress, const std::string& run_id, int64_t planned)
-      : progress_(progress), run_id_(run_id), seen_(static_cast<size_t>(planned), false) {
-    samples_.reserve(static_cast<size_t>(planned));
+  // Watches bench resource `resource` of `resources`: the creates whose seq % resources ==
+  // resource, of the `planned` the writer may send.
+  WatchClient(Progress* progress, const std::string& run_id, int64_t planned, int resource,
+              int resources)
+      : progress_(progress),
+        run_id_(run_id),
+        resource_(resource),
+        resources_(resources),
+        latency_us_(static_cast<size_t>(CreatesOf(planned, resource, resources)), kUnseen) {}
+
+  // The creates of `planned` that go to `resource` of `resources`.
+  static int64_t CreatesOf(int64_t planned, int resource, int resources) {
+    return planned > resource ? (planned - resource + resources - 1) / resources : 0;
   }
 
-  void Start(Target* target, int slot, absl::Time deadline) {
-    stream_ = target->Watch(slot, deadline, this);
-  }
+  void Start(Target* target, int slot) { stream_ = target->Watch(slot, resource_, this); }
 
   // Ends the stream from this side; OnEnded follows.
   void Cancel() {
@@ -58,26 +66,25 @@ class WatchClient : public WatchHandler {
     progress_->synced.fetch_add(1);
   }
 
-  void OnEvent(bool created, const v1::Object* object, int64_t rv) override {
-    int64_t now = NowNanos();
-    if (!synced_.load()) return;  // initial events of objects from earlier runs
-    std::string run;
-    int64_t seq = 0, sent_ns = 0;
-    if (!created || object == nullptr || !ParseBenchSpec(*object, &run, &seq, &sent_ns) ||
-        run != run_id_ || seq < 0 || seq >= static_cast<int64_t>(seen_.size())) {
+  void OnEvent(bool created, int64_t rv, const ObjectFacts& object, int64_t now) override {
+    if (!synced_.load(std::memory_order_relaxed)) return;  // initial events of earlier runs
+    if (!created || !object.bench || object.run != run_id_ || object.seq < 0 ||
+        object.seq % resources_ != resource_ ||
+        object.seq / resources_ >= static_cast<int64_t>(latency_us_.size())) {
       ++unexpected_;
       return;
     }
     if (rv <= last_rv_) ++out_of_order_;
     last_rv_ = std::max(last_rv_, rv);
-    if (seen_[seq]) {
+    int32_t& slot = latency_us_[static_cast<size_t>(object.seq / resources_)];
+    if (slot != kUnseen) {
       ++duplicates_;
       return;
     }
-    seen_[seq] = true;
-    samples_.push_back({static_cast<int32_t>(seq), now - sent_ns});
-    last_receipt_ns_ = now;
-    received_.fetch_add(1);
+    slot = static_cast<int32_t>(
+        std::clamp<int64_t>((now - object.sent_ns) / 1000, 0, std::numeric_limits<int32_t>::max()));
+    last_receipt_ns_.store(now, std::memory_order_relaxed);
+    received_.store(received_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   }
 
   void OnEnded(const grpc::Status& status) override {
@@ -86,19 +93,24 @@ class WatchClient : public WatchHandler {
       status_ = status;
       ended_early_ = !cancelled_.load();
     }
+    ended_.store(true);
     progress_->done.fetch_add(1);
   }
 
-  int64_t received() const { return received_.load(); }
+  int resource() const { return resource_; }
+  int64_t received() const { return received_.load(std::memory_order_relaxed); }
   bool synced() const { return synced_.load(); }
+  bool ended() const { return ended_.load(); }
 
   // REQUIRES: OnEnded has run.
-  const std::vector<Sample>& samples() const { return samples_; }
-  const std::vector<bool>& seen() const { return seen_; }
+  // Per create of this watcher's resource (create seq = index * resources + resource): write
+  // sent -> event received, in microseconds, or kUnseen.
+  const std::vector<int32_t>& latency_us() const { return latency_us_; }
   int64_t duplicates() const { return duplicates_; }
   int64_t out_of_order() const { return out_of_order_; }
   int64_t unexpected() const { return unexpected_; }
-  int64_t last_receipt_ns() const { return last_receipt_ns_; }
+  int64_t last_receipt_ns() const { return last_receipt_ns_.load(std::memory_order_relaxed); }
+  int64_t messages() const { return stream_->messages(); }
   bool ended_early(grpc::Status* status) {
     absl::MutexLock l(&mu_);
     *status = status_;
@@ -111,19 +123,21 @@ class WatchClient : public WatchHandler {
  private:
   Progress* const progress_;
   const std::string run_id_;
+  const int resource_;
+  const int resources_;
   std::unique_ptr<WatchStream> stream_;
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> synced_{false};
-  std::atomic<int64_t> received_{0};
+  std::atomic<bool> ended_{false};
+  std::atomic<int64_t> received_{0};         // written by the read chain only
+  std::atomic<int64_t> last_receipt_ns_{0};  // written by the read chain only
 
   // Owned by the read chain.
-  std::vector<bool> seen_;
-  std::vector<Sample> samples_;
+  std::vector<int32_t> latency_us_;
   int64_t duplicates_ = 0;
   int64_t out_of_order_ = 0;
   int64_t unexpected_ = 0;
   int64_t last_rv_ = 0;
-  int64_t last_receipt_ns_ = 0;
 
   absl::Mutex mu_;
   grpc::Status status_ ABSL_GUARDED_BY(mu_);
@@ -143,13 +157,19 @@ struct WriteLog {
   std::map<std::string, int64_t> errors ABSL_GUARDED_BY(mu);
 };
 
-// Sends `planned` Creates at `rate` a second from now; returns the time of the first send. Waits
-// until every Create is answered (each has a deadline).
-int64_t WritePaced(const WatchLoadOptions& options, Target* target, int64_t planned,
-                   WriteLog* log) {
+// Sends up to `planned` Creates at `rate` a second from now, create seq to bench resource
+// seq % resources, for `duration`: a create not sent by then (the writer fell behind, waiting for
+// room under max_outstanding_writes) is not sent; a second of grace. Returns the time of the first
+// send and sets
+// `*sent`. Waits until every Create sent is answered (each has a deadline).
+int64_t WritePaced(const WatchLoadOptions& options, Target* target, int64_t planned, WriteLog* log,
+                   int64_t* sent) {
   int64_t start_ns = NowNanos();
+  // A second of grace, so that a writer on time never loses its last creates to a late wakeup.
+  int64_t end_ns = start_ns + absl::ToInt64Nanoseconds(options.duration + absl::Seconds(1));
   double period_ns = 1e9 / options.write_rate;
-  for (int64_t seq = 0; seq < planned; ++seq) {
+  int64_t seq = 0;
+  for (; seq < planned; ++seq) {
     int64_t due = start_ns + static_cast<int64_t>(std::llround(period_ns * seq));
     int64_t wait = due - NowNanos();
     if (wait > 0) absl::SleepFor(absl::Nanoseconds(wait));
@@ -162,8 +182,11 @@ int64_t WritePaced(const WatchLoadOptions& options, Target* target, int64_t plan
       log->mu.AwaitWithTimeout(absl::Condition(&room), options.rpc_timeout + absl::Seconds(5));
     }
     int64_t sent_ns = NowNanos();
-    target->Create(0, MakeCreateRequest(options.run_id, 0, seq, sent_ns), options.rpc_timeout,
-                   [log, seq, sent_ns](const grpc::Status& status) {
+    if (sent_ns > end_ns) break;
+    target->Create(0,
+                   MakeCreateRequest(options.run_id, 0, seq, sent_ns,
+                                     static_cast<int>(seq % options.resources)),
+                   options.rpc_timeout, [log, seq, sent_ns](const grpc::Status& status) {
                      int64_t now = NowNanos();
                      log->ack_ns[seq] = now - sent_ns;
                      log->ok[seq] = status.ok() ? 1 : 0;
@@ -175,10 +198,10 @@ int64_t WritePaced(const WatchLoadOptions& options, Target* target, int64_t plan
                      }
                    });
   }
+  *sent = seq;
   absl::MutexLock l(&log->mu);
-  auto all_answered = [log, planned]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(log->mu) {
-    return log->answered == planned;
-  };
+  auto all_answered = [log, seq]()
+                          ABSL_EXCLUSIVE_LOCKS_REQUIRED(log->mu) { return log->answered == seq; };
   log->mu.AwaitWithTimeout(absl::Condition(&all_answered), options.rpc_timeout + absl::Seconds(5));
   return start_ns;
 }
@@ -222,13 +245,12 @@ WatchLoadResult RunWatchLoad(const WatchLoadOptions& options, Target* watch_targ
   // Open the watchers and wait for every initial bookmark.
   Progress progress;
   std::vector<std::unique_ptr<WatchClient>> watchers;
-  absl::Time watch_deadline = absl::Now() + options.setup_timeout + options.idle +
-                              options.duration + options.rpc_timeout + options.drain_timeout +
-                              absl::Seconds(30);
   int64_t open_ns = NowNanos();
   for (int i = 0; i < options.watchers; ++i) {
-    watchers.push_back(std::make_unique<WatchClient>(&progress, options.run_id, r.writes_planned));
-    watchers.back()->Start(watch_target, i, watch_deadline);
+    // No deadline: the tool ends its watchers itself, after the drain.
+    watchers.push_back(std::make_unique<WatchClient>(&progress, options.run_id, r.writes_planned,
+                                                     i % options.resources, options.resources));
+    watchers.back()->Start(watch_target, i);
   }
   PollUntil([&] { return progress.synced.load() + progress.done.load() >= options.watchers; },
             options.setup_timeout);
@@ -258,7 +280,9 @@ WatchLoadResult RunWatchLoad(const WatchLoadOptions& options, Target* watch_targ
     std::map<pid_t, double> server_threads_start = ReadThreadCpu(options.server_pid);
     ProcStats client_cpu_start = ReadProcStats(0);
     WriteLog log(r.writes_planned);
-    int64_t first_send_ns = WritePaced(options, write_target, r.writes_planned, &log);
+    int64_t sent = 0;
+    int64_t first_send_ns = WritePaced(options, write_target, r.writes_planned, &log, &sent);
+    r.writes_sent = sent;
     r.server_end = ReadProcStats(options.server_pid);
     r.client_end = ReadProcStats(0);
     int64_t last_answer_ns = 0;
@@ -270,14 +294,18 @@ WatchLoadResult RunWatchLoad(const WatchLoadOptions& options, Target* watch_targ
       last_answer_ns = log.last_answer_ns;
     }
     r.write_seconds = static_cast<double>(last_answer_ns - first_send_ns) / 1e9;
+    // The creates answered OK of each resource.
+    std::vector<int64_t> ok_of(static_cast<size_t>(options.resources), 0);
+    for (int64_t seq = 0; seq < r.writes_planned; ++seq) {
+      if (log.ok[seq]) ++ok_of[static_cast<size_t>(seq % options.resources)];
+    }
 
-    // Wait until every live watcher has every event, then end the watchers.
+    // Wait until every live watcher has every event of its resource, then end the watchers.
     PollUntil(
         [&] {
           for (const auto& w : watchers) {
-            grpc::Status s;
             // A watcher that ended will receive nothing more.
-            if (w->received() < r.writes_ok && !w->ended_early(&s)) return false;
+            if (w->received() < ok_of[w->resource()] && !w->ended()) return false;
           }
           return true;
         },
@@ -305,35 +333,46 @@ WatchLoadResult RunWatchLoad(const WatchLoadOptions& options, Target* watch_targ
         PollUntil([&] { return progress.done.load() == options.watchers; }, absl::Seconds(30));
 
     std::vector<int64_t> send_to_receipt, ack_to_receipt;
+    const int64_t late_us = absl::ToInt64Microseconds(options.late_after);
     for (auto& w : watchers) {
       grpc::Status s;
       if (w->ended_early(&s)) {
         ++r.watchers_ended_early;
         ++r.early_end_reasons[StatusKey(s.error_code(), s.error_message())];
       }
+      r.events_expected += ok_of[w->resource()];
       if (!all_done) continue;  // the reactors may still be reading
       int64_t missing = 0;
-      for (int64_t seq = 0; seq < r.writes_planned; ++seq) {
-        if (log.ok[seq] && !w->seen()[seq]) ++missing;
+      bool late = false;
+      const std::vector<int32_t>& latency_us = w->latency_us();
+      for (size_t i = 0; i < latency_us.size(); ++i) {
+        int64_t seq = static_cast<int64_t>(i) * options.resources + w->resource();
+        bool seen = latency_us[i] != WatchClient::kUnseen;
+        if (!log.ok[seq]) {
+          if (seen) ++r.failed_writes_seen;
+          continue;
+        }
+        if (!seen) {
+          ++missing;
+          continue;
+        }
+        late = late || latency_us[i] > late_us;
+        ++r.events_received;
+        int64_t latency_ns = int64_t{latency_us[i]} * 1000;
+        send_to_receipt.push_back(latency_ns);
+        ack_to_receipt.push_back(latency_ns - log.ack_ns[seq]);
       }
       if (missing == 0) ++r.watchers_complete;
-      for (int64_t seq = 0; seq < r.writes_planned; ++seq) {
-        if (!log.ok[seq] && w->seen()[seq]) ++r.failed_writes_seen;
-      }
+      if (late) ++r.watchers_late;
+      r.messages_received += w->messages();
       r.duplicates += w->duplicates();
       r.out_of_order += w->out_of_order();
       r.unexpected += w->unexpected();
-      bool late = false;
-      for (const WatchClient::Sample& sample : w->samples()) {
-        if (!log.ok[sample.seq]) continue;
-        late = late || sample.latency_ns > absl::ToInt64Nanoseconds(options.late_after);
-        ++r.events_received;
-        send_to_receipt.push_back(sample.latency_ns);
-        ack_to_receipt.push_back(sample.latency_ns - log.ack_ns[sample.seq]);
-      }
-      if (late) ++r.watchers_late;
     }
-    r.events_expected = r.writes_ok * options.watchers;
+    if (r.events_received > 0) {
+      r.client_us_per_event = (client_cpu_end.cpu_seconds - client_cpu_start.cpu_seconds) * 1e6 /
+                              static_cast<double>(r.events_received);
+    }
     r.send_to_receipt = Summarize(&send_to_receipt);
     r.ack_to_receipt = Summarize(&ack_to_receipt);
     std::vector<int64_t> acks;

@@ -3,12 +3,15 @@
 // delivery latency and the server's threads and memory.
 //
 // The watchers are callback reactors (gRPC's callback client API), spread over a few channels:
-// no thread per stream. Each watches the benchmark resource from now and counts as open once the
-// server says the watch is in place (cache_server: its initial-events-end bookmark; etcd: the
-// created response). The writer then sends `write_rate` Creates a
-// second (open loop: each is sent at its time whether or not earlier ones have been answered, up
-// to `max_outstanding_writes`); each object's spec carries its send time, so a watcher knows how
-// long the event took to reach it.
+// no thread per stream. They read each message's wire bytes for the few facts they check (see
+// watch_wire.h), keep their per-event state to themselves (no lock, no allocation per event), and
+// their samples are merged once the load is over. With `resources` N, watcher i watches bench
+// resource i % N and the writer sends create seq to resource seq % N; each watcher is checked
+// against the creates of its own resource. Each watches its resource from now and counts as open
+// once the server says the watch is in place (cache_server: its initial-events-end bookmark; etcd:
+// the created response). The writer then sends `write_rate` Creates a second (open loop: each is
+// sent at its time whether or not earlier ones have been answered, up to `max_outstanding_writes`);
+// each object's spec carries its send time, so a watcher knows how long the event took to reach it.
 //
 // Thread-compatible: call RunWatchLoad from one thread at a time.
 #ifndef SHARDCACHE_BENCH_WATCH_LOAD_H_
@@ -53,6 +56,8 @@ struct WatchLoadOptions {
   absl::Duration late_after = absl::Milliseconds(100);
   // cache_server: watches ask for batches (WatchRequest.batch_events).
   bool batch_events = true;
+  // Bench resources (etcd: key prefixes) the watchers and the creates are spread over.
+  int resources = 1;
 };
 
 struct WatchLoadResult {
@@ -61,6 +66,7 @@ struct WatchLoadResult {
   double sync_seconds = 0;  // from opening the first stream to the last initial bookmark
 
   int64_t writes_planned = 0;
+  int64_t writes_sent = 0;  // less than planned when the writer fell behind by the duration's end
   int64_t writes_ok = 0;
   int64_t writes_failed = 0;
   std::map<std::string, int64_t> write_errors;  // "CODE: message" -> count
@@ -69,14 +75,17 @@ struct WatchLoadResult {
   // the watchers: such a create was committed although its caller was told it failed.
   int64_t failed_writes_seen = 0;
 
-  int64_t events_expected = 0;  // watchers * writes_ok
-  int64_t events_received = 0;  // events of writes answered OK, counted once per watcher
+  int64_t events_expected = 0;    // over the watchers, the creates of its resource answered OK
+  int64_t events_received = 0;    // events of writes answered OK, counted once per watcher
+  int64_t messages_received = 0;  // watch messages (a batch is one), over the watchers
   int64_t duplicates = 0;
-  int64_t out_of_order = 0;      // events whose resourceVersion did not rise
-  int64_t unexpected = 0;        // events other than this run's ADDED events, after the bookmark
-  int watchers_complete = 0;     // received every event of every write answered OK
-  int watchers_late = 0;         // received some event more than late_after after its send
-  int watchers_ended_early = 0;  // ended before the benchmark cancelled them
+  int64_t out_of_order = 0;   // events whose resourceVersion did not rise
+  int64_t unexpected = 0;     // events other than this run's ADDED events, after the bookmark
+  int watchers_complete = 0;  // received every event of every write answered OK
+  int watchers_late = 0;      // received some event more than late_after after its send
+  // Ended before the tool cancelled them (after the drain): the server ended them (the tool sets
+  // no deadline), or the tool could not read a message (INTERNAL: "store_bench could not read").
+  int watchers_ended_early = 0;
   std::map<std::string, int64_t> early_end_reasons;  // "CODE: message" -> watchers
   double delivery_seconds = 0;                       // first write sent to last event received
   double drain_seconds = 0;                          // last write answered to last event received
@@ -93,6 +102,9 @@ struct WatchLoadResult {
   ProcStats client_end;
   double server_cores = 0;  // CPU cores used on average from the first write to the last event
   double client_cores = 0;
+  // The tool's CPU (all its threads: watchers, writer, polling) from the first write to the
+  // drain's end, per event received: what reading the watches costs the client.
+  double client_us_per_event = 0;
   BusiestThread server_busiest;  // the server thread that used the most CPU, same interval
   bool streams_ended = true;     // every stream ended when the load was over
 
