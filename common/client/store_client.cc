@@ -4,7 +4,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
 #include "common/resources.h"
 #include "common/status_macros.h"
