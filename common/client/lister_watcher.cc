@@ -2,8 +2,6 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <map>
-#include <set>
 #include <string>
 #include <utility>
 
@@ -18,129 +16,12 @@
 
 namespace shardcache {
 
-// The client contexts of the calls in flight, so that Shutdown can cancel them all.
-class StoreListerWatcher::Calls {
- public:
-  // False once Shutdown has begun: the caller must not start its call.
-  bool Register(grpc::ClientContext* ctx) {
-    absl::MutexLock l(&mu_);
-    if (shut_down_) return false;
-    active_.insert(ctx);
-    return true;
-  }
-  void Unregister(grpc::ClientContext* ctx) {
-    absl::MutexLock l(&mu_);
-    active_.erase(ctx);
-  }
-  void Shutdown() {
-    absl::MutexLock l(&mu_);
-    shut_down_ = true;
-    for (grpc::ClientContext* ctx : active_) ctx->TryCancel();  // thread-safe, never blocks
-  }
-
- private:
-  absl::Mutex mu_;
-  std::set<grpc::ClientContext*> active_ ABSL_GUARDED_BY(mu_);
-  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
-};
-
 namespace {
-
-// The response header of a Watch that names the store (see the Store service's Watch).
-constexpr char kStoreIdHeader[] = "shardcache-store-id";
 
 absl::Status WithContext(const std::string& what, const absl::Status& s) {
   if (s.ok()) return s;
   return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
 }
-
-// A Watch call that starts at the first Next(), so that Cancel() works from the moment the
-// stream exists (the blocking call set-up included).
-class StoreWatchEventStream : public WatchEventStream {
- public:
-  StoreWatchEventStream(std::shared_ptr<v1::Store::StubInterface> stub,
-                        std::shared_ptr<StoreListerWatcher::Calls> calls, v1::WatchRequest request,
-                        absl::Duration timeout, std::string description)
-      : stub_(std::move(stub)),
-        calls_(std::move(calls)),
-        request_(std::move(request)),
-        description_(std::move(description)) {
-    if (timeout > absl::ZeroDuration()) {
-      absl::BitGen rng;
-      ctx_.set_deadline(absl::ToChronoTime(absl::Now() + timeout * absl::Uniform(rng, 1.0, 2.0)));
-    }
-  }
-
-  ~StoreWatchEventStream() override {
-    if (reader_ != nullptr && !finished_) {
-      ctx_.TryCancel();
-      v1::WatchEvent ignored;
-      while (!done_ && reader_->Read(&ignored)) {
-      }
-      (void)reader_->Finish();
-    }
-    if (registered_) calls_->Unregister(&ctx_);
-  }
-
-  bool Next(v1::WatchEvent* event) override {
-    if (!Open()) return false;
-    if (reader_->Read(event)) return true;
-    done_ = true;
-    return false;
-  }
-
-  std::string StoreId() override {
-    if (headers_read_ || !Open()) return store_id_;
-    headers_read_ = true;
-    reader_->WaitForInitialMetadata();
-    const std::multimap<grpc::string_ref, grpc::string_ref>& headers =
-        ctx_.GetServerInitialMetadata();
-    auto it = headers.find(kStoreIdHeader);
-    if (it != headers.end()) store_id_ = std::string(it->second.data(), it->second.size());
-    return store_id_;
-  }
-
-  void Cancel() override { ctx_.TryCancel(); }
-
-  // Starts the call on first use. False when the stream has ended or cannot start.
-  bool Open() {
-    if (done_) return false;
-    if (reader_ == nullptr) {
-      if (!calls_->Register(&ctx_)) {
-        done_ = true;
-        status_ = absl::CancelledError(
-            absl::StrCat("watch ", description_, ": the ListerWatcher was shut down"));
-        return false;
-      }
-      registered_ = true;
-      reader_ = stub_->Watch(&ctx_, request_);
-    }
-    return true;
-  }
-
-  absl::Status Finish() override {
-    if (finished_ || reader_ == nullptr) return status_;
-    finished_ = true;
-    status_ = WithContext(
-        absl::StrCat("watch ", description_, " from resourceVersion ", request_.resource_version()),
-        FromGrpcStatus(reader_->Finish()));
-    return status_;
-  }
-
- private:
-  const std::shared_ptr<v1::Store::StubInterface> stub_;
-  const std::shared_ptr<StoreListerWatcher::Calls> calls_;
-  const v1::WatchRequest request_;
-  const std::string description_;
-  grpc::ClientContext ctx_;  // TryCancel is thread-safe; the rest is the reader's
-  std::unique_ptr<grpc::ClientReaderInterface<v1::WatchEvent>> reader_;
-  bool registered_ = false;
-  bool headers_read_ = false;
-  std::string store_id_;
-  bool done_ = false;
-  bool finished_ = false;
-  absl::Status status_ = absl::OkStatus();
-};
 
 }  // namespace
 
@@ -183,7 +64,8 @@ StoreListerWatcher::StoreListerWatcher(std::shared_ptr<v1::Store::StubInterface>
       resource_(std::move(resource)),
       filters_(std::move(filters)),
       options_(options),
-      calls_(std::make_shared<Calls>()) {}
+      calls_(std::make_shared<CallSet>()),
+      watch_counters_(std::make_shared<WatchStreamCounters>()) {}
 
 StoreListerWatcher::~StoreListerWatcher() { Shutdown(); }
 
@@ -220,8 +102,16 @@ std::unique_ptr<WatchEventStream> StoreListerWatcher::Watch(const std::string& r
   req.set_namespace_(filters_.namespace_);
   req.set_label_selector(filters_.label_selector);
   req.set_resource_version(resource_version);
-  return std::make_unique<StoreWatchEventStream>(stub_, calls_, std::move(req),
-                                                 options_.watch_timeout, Describe());
+  WatchStream::Options options;
+  if (options_.watch_timeout > absl::ZeroDuration()) {
+    // Spread over up to twice the timeout, so that many watchers do not reconnect at once.
+    absl::BitGen rng;
+    options.deadline = absl::Now() + options_.watch_timeout * absl::Uniform(rng, 1.0, 2.0);
+  }
+  options.description = Describe();
+  options.calls = calls_;
+  options.counters = watch_counters_;
+  return std::make_unique<WatchStream>(stub_, std::move(req), std::move(options));
 }
 
 void StoreListerWatcher::Shutdown() { calls_->Shutdown(); }

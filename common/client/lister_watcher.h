@@ -18,6 +18,10 @@
 // (WatchEventStream::StoreId, at once, before any event); the Reflector compares them (see
 // reflector.h).
 //
+// Its watches are WatchStreams (watch_stream.h): they ask the store for batched events and unpack
+// them, so a Reflector sees one event at a time whatever the store sent; watch_stats() counts
+// what they received.
+//
 // Thread-safety: a ListerWatcher may be called from any thread, and Shutdown() from any thread at
 // any time. A WatchEventStream's Next and Finish are for one thread (its reader); Cancel may be
 // called from any thread, at any time before the stream is destroyed.
@@ -31,28 +35,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/client/watch_stream.h"
 #include "shardcache/v1/store.grpc.pb.h"
 #include "shardcache/v1/store.pb.h"
 
 namespace shardcache {
-
-// One open watch. Events arrive in revision order; the stream ends on an error, on Cancel(), or
-// when the store ends it.
-class WatchEventStream {
- public:
-  virtual ~WatchEventStream() = default;  // cancels the stream if it is still open
-  // Blocks for the next event. False when the stream has ended: then call Finish().
-  virtual bool Next(v1::WatchEvent* event) = 0;
-  // Ends the stream: a blocked Next() returns false soon after. Any thread; idempotent.
-  virtual void Cancel() = 0;
-  // Why the stream ended (OK if the store ended it cleanly). REQUIRES: Next() returned false.
-  // Idempotent: later calls return the same status.
-  virtual absl::Status Finish() = 0;
-  // The identity of the store that serves the stream, as its response headers say; blocks until
-  // they arrive (Cancel() ends the wait). Empty when the store sent none or the stream failed.
-  // Call before the first Next(); later calls return the same value. The default knows of none.
-  virtual std::string StoreId() { return ""; }
-};
 
 class ListerWatcher {
  public:
@@ -119,7 +106,8 @@ class StoreListerWatcher : public ListerWatcher {
   // "widgets.example.com/v1" ("widgets/v1" for the core group).
   static std::string ResourceName(const v1::GroupVersionResource& gvr);
 
-  class Calls;  // the calls in flight (internal)
+  // What the watches opened so far received (messages, events, batches), in all. Any thread.
+  WatchStreamStats watch_stats() const { return watch_counters_->Get(); }
 
  private:
   StoreListerWatcher(std::shared_ptr<v1::Store::StubInterface> stub,
@@ -130,8 +118,9 @@ class StoreListerWatcher : public ListerWatcher {
   const v1::GroupVersionResource resource_;
   const ListWatchFilters filters_;
   const Options options_;
-  // Provides its own synchronization; shared with the open streams.
-  const std::shared_ptr<Calls> calls_;
+  // Provide their own synchronization; shared with the open streams, which may outlive us.
+  const std::shared_ptr<CallSet> calls_;
+  const std::shared_ptr<WatchStreamCounters> watch_counters_;
 };
 
 }  // namespace shardcache

@@ -3,89 +3,12 @@
 #include <algorithm>
 #include <utility>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
+#include "common/resources.h"
 #include "common/status_macros.h"
 
 namespace shardcache {
-namespace internal {
-
-// The watch streams a client has open, so that the client's destructor can end them. Shared
-// between the client and its streams (either may go first).
-class WatchRegistry {
- public:
-  // Returns false (and registers nothing) once Close has been called.
-  bool Register(grpc::ClientContext* context) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock l(&mu_);
-    if (closed_) return false;
-    contexts_.insert(context);
-    return true;
-  }
-  void Unregister(grpc::ClientContext* context) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock l(&mu_);
-    contexts_.erase(context);
-  }
-  // Cancels every registered call; later registrations fail.
-  void Close() ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock l(&mu_);
-    closed_ = true;
-    for (grpc::ClientContext* context : contexts_) context->TryCancel();
-  }
-
- private:
-  absl::Mutex mu_;
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  // A stream unregisters before its context is destroyed, so these are all alive.
-  absl::flat_hash_set<grpc::ClientContext*> contexts_ ABSL_GUARDED_BY(mu_);
-};
-
-}  // namespace internal
-
-// ---------------------------------------------------------------------------------------------
-// WatchStream
-
-WatchStream::WatchStream(std::shared_ptr<v1::Store::StubInterface> stub,
-                         std::shared_ptr<internal::WatchRegistry> registry,
-                         const v1::WatchRequest& request, absl::Time deadline)
-    : stub_(std::move(stub)), registry_(std::move(registry)) {
-  if (deadline != absl::InfiniteFuture()) context_.set_deadline(absl::ToChronoTime(deadline));
-  reader_ = stub_->Watch(&context_, request);
-  // Registered once the call exists, so that the registry never cancels a context before it
-  // has a call. A closed registry cannot happen while the client is alive; cancel regardless.
-  if (!registry_->Register(&context_)) context_.TryCancel();
-}
-
-WatchStream::~WatchStream() {
-  Finish().IgnoreError();  // cancels the call if it is still open
-  registry_->Unregister(&context_);
-}
-
-bool WatchStream::Next(v1::WatchEvent* event) {
-  if (ended_) return false;
-  if (reader_->Read(event)) return true;
-  ended_ = true;
-  return false;
-}
-
-void WatchStream::Cancel() { context_.TryCancel(); }
-
-absl::Status WatchStream::Finish() {
-  if (finished_) return status_;
-  if (!ended_) {
-    // gRPC's Finish waits for the server to end the stream: end it ourselves, then drain what
-    // was already received (Read returns false soon after the cancellation).
-    context_.TryCancel();
-    v1::WatchEvent discard;
-    while (reader_->Read(&discard)) {
-    }
-    ended_ = true;
-  }
-  status_ = FromGrpcStatus(reader_->Finish());
-  finished_ = true;
-  return status_;
-}
 
 // ---------------------------------------------------------------------------------------------
 // StoreClient
@@ -156,11 +79,9 @@ absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Create(
 }
 
 StoreClient::StoreClient(std::shared_ptr<v1::Store::StubInterface> stub, Options options)
-    : stub_(std::move(stub)),
-      options_(options),
-      watches_(std::make_shared<internal::WatchRegistry>()) {}
+    : stub_(std::move(stub)), options_(options), watches_(std::make_shared<CallSet>()) {}
 
-StoreClient::~StoreClient() { watches_->Close(); }
+StoreClient::~StoreClient() { watches_->Shutdown(); }
 
 absl::Status StoreClient::Call(const char* method, Retry retry,
                                const std::function<grpc::Status(grpc::ClientContext*)>& attempt) {
@@ -350,7 +271,11 @@ std::unique_ptr<WatchStream> StoreClient::OpenWatch(const v1::WatchRequest& requ
                                                     absl::Duration timeout) {
   absl::Time deadline = timeout == absl::InfiniteDuration() ? absl::InfiniteFuture()
                                                             : options_.clock->Now() + timeout;
-  return std::unique_ptr<WatchStream>(new WatchStream(stub_, watches_, request, deadline));
+  WatchStream::Options options;
+  options.deadline = deadline;
+  options.description = GvrString(request.resource());
+  options.calls = watches_;
+  return std::make_unique<WatchStream>(stub_, request, std::move(options));
 }
 
 }  // namespace shardcache

@@ -46,14 +46,11 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/backoff.h"
+#include "common/client/watch_stream.h"
 #include "common/clock.h"
 #include "shardcache/v1/store.grpc.pb.h"
 
 namespace shardcache {
-
-namespace internal {
-class WatchRegistry;
-}  // namespace internal
 
 // gRPC keepalive of a client channel: the channel pings its connection (HTTP/2 PING) every
 // `time`, even while no call is open, and closes it when a ping is not answered within `timeout`,
@@ -76,52 +73,6 @@ absl::StatusOr<grpc::ChannelArguments> StoreChannelArguments(const KeepaliveOpti
 absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateStoreChannel(
     const std::string& target, const KeepaliveOptions& keepalive = {},
     std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
-
-// One Watch call: events read one at a time by one thread, cancellable from any thread.
-//
-//   std::unique_ptr<WatchStream> w = client->OpenWatch(request);
-//   v1::WatchEvent event;
-//   while (w->Next(&event)) { ... }
-//   absl::Status why = w->Finish();   // e.g. OUT_OF_RANGE ("too old"): list again
-//
-// Thread-safety: Next and Finish are called by one thread (the reader); Cancel from any thread,
-// at any time, any number of times, while the WatchStream exists.
-class WatchStream {
- public:
-  // Cancels the call if it is still open and waits for it to end.
-  ~WatchStream();
-  WatchStream(const WatchStream&) = delete;
-  WatchStream& operator=(const WatchStream&) = delete;
-
-  // Blocks for the next event. Returns false when the stream has ended (by the server, an error,
-  // Cancel, or the client's destruction); then call Finish for the reason.
-  bool Next(v1::WatchEvent* event);
-
-  // Ends the call from any thread: a blocked Next returns false soon after, and Finish returns
-  // CANCELLED (unless the stream had already ended for another reason).
-  void Cancel();
-
-  // The stream's final status. If Next has not yet returned false, cancels the call first, so
-  // that Finish never waits for the server. Idempotent: later calls return the same status.
-  absl::Status Finish();
-
- private:
-  friend class StoreClient;
-  WatchStream(std::shared_ptr<v1::Store::StubInterface> stub,
-              std::shared_ptr<internal::WatchRegistry> registry, const v1::WatchRequest& request,
-              absl::Time deadline);
-
-  // Constant after construction.
-  const std::shared_ptr<v1::Store::StubInterface> stub_;  // keeps the channel alive
-  const std::shared_ptr<internal::WatchRegistry> registry_;
-  grpc::ClientContext context_;  // TryCancel is thread-safe
-
-  // Touched only by the reader thread.
-  std::unique_ptr<grpc::ClientReaderInterface<v1::WatchEvent>> reader_;
-  bool ended_ = false;     // Next returned false
-  bool finished_ = false;  // Finish was called on reader_
-  absl::Status status_ = absl::OkStatus();
-};
 
 class StoreClient {
  public:
@@ -188,11 +139,12 @@ class StoreClient {
   // FAILED_PRECONDITION when a newer epoch holds the shard. Retried as a read (see above).
   absl::StatusOr<v1::ClaimEpochResponse> ClaimEpoch(const v1::ClaimEpochRequest& request);
 
-  // Opens a Watch call (it is not retried: the caller, e.g. a Reflector, resumes or relists).
-  // `timeout` bounds the whole stream; the default is none (watches are long-lived; use Cancel).
-  // Errors (bad request, too old revision, server down) are reported by the stream's Finish.
-  // After a break, WaitForConnected before reopening: on a channel that is not connected the
-  // call fails at once.
+  // Opens a Watch call (it is not retried: the caller, e.g. a Reflector, resumes or relists),
+  // as a WatchStream (watch_stream.h): it asks for batched events and returns them one by one,
+  // and the call starts at its first Next. `timeout` bounds the whole stream; the default is none
+  // (watches are long-lived; use Cancel). Errors (bad request, too old revision, server down)
+  // are reported by the stream's Finish. After a break, WaitForConnected before reopening: on a
+  // channel that is not connected the call fails at once.
   std::unique_ptr<WatchStream> OpenWatch(const v1::WatchRequest& request,
                                          absl::Duration timeout = absl::InfiniteDuration());
 
@@ -230,7 +182,7 @@ class StoreClient {
   // attempts so that a retry goes out as soon as the server is back. Set in Create.
   std::shared_ptr<grpc::Channel> channel_;
   // Provides its own synchronization; shared with the watch streams, which may outlive us.
-  const std::shared_ptr<internal::WatchRegistry> watches_;
+  const std::shared_ptr<CallSet> watches_;
 };
 
 }  // namespace shardcache
