@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cache_server/testing/in_process_server.h"
+#include "common/testing/objects.h"
 #include "common/testing/wait.h"
 #include "integration_tests/watch_reader.h"
 
@@ -18,6 +19,7 @@ namespace shardcache {
 namespace {
 
 using ::shardcache::testing::Eventually;
+using ::shardcache::testing::Gvr;
 using ::shardcache::testing::InProcessServer;
 using ::shardcache::testing::Summary;
 using ::shardcache::testing::WatchReader;
@@ -25,13 +27,7 @@ using ::shardcache::testing::WatchReq;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-v1::GroupVersionResource Widgets() {
-  v1::GroupVersionResource gvr;
-  gvr.set_group("example.com");
-  gvr.set_version("v1");
-  gvr.set_resource("widgets");
-  return gvr;
-}
+v1::GroupVersionResource Widgets() { return Gvr("example.com", "v1", "widgets"); }
 
 v1::Object Widget(const std::string& name, const std::string& data = "") {
   v1::Object o;

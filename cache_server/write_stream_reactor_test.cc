@@ -4,7 +4,6 @@
 #include "cache_server/write_stream_reactor.h"
 
 #include <gmock/gmock.h>
-#include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
 
 #include <optional>
@@ -14,6 +13,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "cache_server/testing/in_process_server.h"
+#include "cache_server/testing/raw_write_stream.h"
+#include "common/testing/objects.h"
 #include "common/testing/wait.h"
 
 namespace shardcache {
@@ -21,16 +22,12 @@ namespace {
 
 using ::shardcache::testing::Context;
 using ::shardcache::testing::Eventually;
+using ::shardcache::testing::Gvr;
 using ::shardcache::testing::InProcessServer;
+using ::shardcache::testing::RawWriteStream;
 using ::testing::HasSubstr;
 
-v1::GroupVersionResource Widgets() {
-  v1::GroupVersionResource gvr;
-  gvr.set_group("example.com");
-  gvr.set_version("v1");
-  gvr.set_resource("widgets");
-  return gvr;
-}
+v1::GroupVersionResource Widgets() { return Gvr("example.com", "v1", "widgets"); }
 
 v1::WriteRequest CreateWrite(int64_t id, const std::string& name) {
   v1::WriteRequest w;
@@ -101,65 +98,6 @@ TEST_F(WriteStreamReactorTest, AnswersEveryWriteInOrder_AFailedWriteDoesNotEndTh
   EXPECT_FALSE(Exists(server_, "w3"));
   EXPECT_TRUE(Exists(server_, "w40"));
 }
-
-// The generic (raw bytes) API: to send a write that is not even a WriteRequest.
-class RawWriteStream {
- public:
-  explicit RawWriteStream(const std::shared_ptr<grpc::Channel>& channel) : stub_(channel) {
-    ctx_.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
-    call_ = stub_.PrepareCall(&ctx_, "/shardcache.v1.Store/Write", &cq_);
-    call_->StartCall(this);
-    started_ = Await();
-  }
-  ~RawWriteStream() {
-    cq_.Shutdown();
-    void* tag;
-    bool ok;
-    while (cq_.Next(&tag, &ok)) {
-    }
-  }
-  bool started() const { return started_; }
-  bool Write(const std::string& bytes) {
-    grpc::Slice slice(bytes);
-    grpc::ByteBuffer buffer(&slice, 1);
-    call_->Write(buffer, this);
-    return Await();
-  }
-  bool WritesDone() {
-    call_->WritesDone(this);
-    return Await();
-  }
-  std::optional<v1::WriteResponse> Read() {
-    grpc::ByteBuffer buffer;
-    call_->Read(&buffer, this);
-    if (!Await()) return std::nullopt;
-    grpc::Slice slice;
-    v1::WriteResponse answer;
-    EXPECT_TRUE(buffer.TrySingleSlice(&slice).ok() || buffer.DumpToSingleSlice(&slice).ok());
-    EXPECT_TRUE(answer.ParseFromArray(slice.begin(), static_cast<int>(slice.size())));
-    return answer;
-  }
-  grpc::Status Finish() {
-    grpc::Status status;
-    call_->Finish(&status, this);
-    Await();
-    return status;
-  }
-
- private:
-  bool Await() {
-    void* tag = nullptr;
-    bool ok = false;
-    EXPECT_TRUE(cq_.Next(&tag, &ok));
-    return ok;
-  }
-
-  grpc::GenericStub stub_;
-  grpc::ClientContext ctx_;
-  grpc::CompletionQueue cq_;
-  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call_;
-  bool started_ = false;
-};
 
 TEST_F(WriteStreamReactorTest, AWriteWithoutAReadableId_EndsTheStreamAfterTheAnswersBeforeIt) {
   RawWriteStream stream(server_.channel());
