@@ -29,7 +29,8 @@
 // - Shard role: deleting a ResourceDefinition deletes every object of its resource (one DELETED
 //   event each) and then ends the resource's watches with NOT_FOUND.
 //
-// Requests are validated by object_validation.h; List pages by continue tokens (list_token.h).
+// Requests are validated by the rules of object_validation.h; a paginated List continues from
+// the token of its previous page (list_token.h).
 //
 // Thread-safety: every method is thread-safe. Writes are serialized by one lock; reads share it.
 // Completion callbacks run on the committer thread, or inline in the caller when the result does
