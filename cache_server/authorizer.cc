@@ -188,37 +188,34 @@ absl::Status Authorizer::CheckWatch(const std::optional<PeerIdentity>& who,
                {"watch", false, req.resource(), req.shard(), req.cluster(), req.namespace_(), ""});
 }
 
+template <typename Request>
+Authorizer::Attributes Authorizer::ObjectWrite(const char* verb, bool status, const Request& req) {
+  const v1::ObjectMeta& m = req.object().metadata();
+  Attributes a{verb, status, req.resource(), m.shard(), m.cluster(), m.namespace_(), m.name()};
+  if (req.has_fence()) a.fence = &req.fence();
+  return a;
+}
+
 absl::Status Authorizer::CheckCreate(const std::optional<PeerIdentity>& who,
                                      const v1::CreateRequest& req) const {
-  const v1::ObjectMeta& m = req.object().metadata();
-  Attributes a{"create", false, req.resource(), m.shard(), m.cluster(), m.namespace_(), m.name()};
-  if (req.has_fence()) a.fence = &req.fence();
-  return Check(who, a);
+  return Check(who, ObjectWrite("create", false, req));
 }
 
 absl::Status Authorizer::CheckUpdate(const std::optional<PeerIdentity>& who,
                                      v1::UpdateRequest* req) const {
-  const v1::ObjectMeta& m = req->object().metadata();
-  Attributes a{"update", false, req->resource(), m.shard(), m.cluster(), m.namespace_(), m.name()};
-  if (req->has_fence()) a.fence = &req->fence();
+  Attributes a = ObjectWrite("update", false, *req);
   a.update = req;
   return Check(who, a);
 }
 
 absl::Status Authorizer::CheckUpdateStatus(const std::optional<PeerIdentity>& who,
                                            const v1::UpdateRequest& req) const {
-  const v1::ObjectMeta& m = req.object().metadata();
-  Attributes a{"update", true, req.resource(), m.shard(), m.cluster(), m.namespace_(), m.name()};
-  if (req.has_fence()) a.fence = &req.fence();
-  return Check(who, a);
+  return Check(who, ObjectWrite("update", true, req));
 }
 
 absl::Status Authorizer::CheckUpsert(const std::optional<PeerIdentity>& who,
                                      const v1::UpdateRequest& req) const {
-  const v1::ObjectMeta& m = req.object().metadata();
-  Attributes a{"upsert", false, req.resource(), m.shard(), m.cluster(), m.namespace_(), m.name()};
-  if (req.has_fence()) a.fence = &req.fence();
-  return Check(who, a);
+  return Check(who, ObjectWrite("upsert", false, req));
 }
 
 absl::Status Authorizer::CheckDelete(const std::optional<PeerIdentity>& who,

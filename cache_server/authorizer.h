@@ -113,6 +113,10 @@ class Authorizer {
     bool read() const { return verb == "get" || verb == "list" || verb == "watch"; }
   };
 
+  // The attributes of a create, update or upsert (`req`: CreateRequest or UpdateRequest) of the
+  // object it carries; `status`: of its status subresource.
+  template <typename Request>
+  static Attributes ObjectWrite(const char* verb, bool status, const Request& req);
   absl::Status Check(const std::optional<PeerIdentity>& who, const Attributes& a) const;
   // "" when allowed, else why not.
   std::string Decide(const PeerIdentity& who, const Attributes& a) const;

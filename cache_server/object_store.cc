@@ -4,20 +4,17 @@
 #include <google/protobuf/util/time_util.h>
 
 #include <algorithm>
-#include <cmath>
 #include <set>
 
-#include "absl/random/random.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
+#include "cache_server/list_token.h"
+#include "cache_server/object_validation.h"
+#include "cache_server/uuid.h"
 #include "common/error_info.h"
 #include "common/status_macros.h"
 #include "common/validation.h"
-#include "spdlog/spdlog.h"
 
 namespace shardcache {
 namespace {
@@ -25,143 +22,10 @@ namespace {
 using google::protobuf::util::MessageDifferencer;
 using google::protobuf::util::TimeUtil;
 
-// JSON nesting allowed in spec and status. gRPC parses requests with protobuf's default
-// recursion limit (100 message levels, about 3 per JSON level), so deeper values never reach the
-// store; this limit stays below that so that the error is ours and names the field.
-constexpr int kMaxStructDepth = 24;
-
-std::string NewUid() {
-  static absl::Mutex mu(absl::kConstInit);
-  static absl::BitGen* gen = new absl::BitGen();
-  uint64_t hi, lo;
-  {
-    absl::MutexLock l(&mu);
-    hi = absl::Uniform<uint64_t>(*gen);
-    lo = absl::Uniform<uint64_t>(*gen);
-  }
-  hi = (hi & 0xffffffffffff0fffULL) | 0x0000000000004000ULL;  // version 4
-  lo = (lo & 0x3fffffffffffffffULL) | 0x8000000000000000ULL;  // RFC 4122 variant
-  return absl::StrFormat("%08x-%04x-%04x-%04x-%012x", hi >> 32, (hi >> 16) & 0xffff, hi & 0xffff,
-                         lo >> 48, lo & 0xffffffffffffULL);
-}
-
 std::string Describe(const v1::GroupVersionResource& gvr, const std::string& name) {
   std::string r =
       gvr.group().empty() ? gvr.resource() : absl::StrCat(gvr.resource(), ".", gvr.group());
   return absl::StrCat(r, " \"", name, "\"");
-}
-
-absl::Status ValidateValue(const std::string& path, const google::protobuf::Value& v, int depth);
-
-absl::Status ValidateStruct(const std::string& path, const google::protobuf::Struct& s, int depth) {
-  if (depth > kMaxStructDepth) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": Invalid value: nested deeper than ", kMaxStructDepth, " levels"));
-  }
-  for (const auto& [k, v] : s.fields()) {
-    RETURN_IF_ERROR(ValidateValue(absl::StrCat(path, ".", k), v, depth + 1));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ValidateValue(const std::string& path, const google::protobuf::Value& v, int depth) {
-  switch (v.kind_case()) {
-    case google::protobuf::Value::kNumberValue:
-      if (!std::isfinite(v.number_value())) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(path, ": Invalid value: numbers must be finite (JSON has no NaN or Inf)"));
-      }
-      return absl::OkStatus();
-    case google::protobuf::Value::kStructValue:
-      return ValidateStruct(path, v.struct_value(), depth);
-    case google::protobuf::Value::kListValue:
-      for (int i = 0; i < v.list_value().values_size(); ++i) {
-        RETURN_IF_ERROR(
-            ValidateValue(absl::StrCat(path, "[", i, "]"), v.list_value().values(i), depth + 1));
-      }
-      return absl::OkStatus();
-    case google::protobuf::Value::KIND_NOT_SET:
-      return absl::InvalidArgumentError(absl::StrCat(path, ": Invalid value: a value has no kind"));
-    default:
-      return absl::OkStatus();
-  }
-}
-
-absl::Status ValidateTimestamp(const std::string& path, const google::protobuf::Timestamp& t) {
-  if (t.seconds() < TimeUtil::kTimestampMinSeconds ||
-      t.seconds() > TimeUtil::kTimestampMaxSeconds || t.nanos() < 0 || t.nanos() > 999999999) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": Invalid value: not a valid timestamp"));
-  }
-  return absl::OkStatus();
-}
-
-// Validates the parts of an object's key against the resource's scope. `prefix` is "metadata."
-// for an object, "" for a request's own fields.
-absl::Status ValidateKey(const ResourceInfo& info, const std::string& prefix,
-                         const std::string& shard, const std::string& cluster,
-                         const std::string& ns, const std::string& name) {
-  RETURN_IF_ERROR(ValidateDNS1123Subdomain(prefix + "name", name));
-  if (!shard.empty()) RETURN_IF_ERROR(ValidateDNS1123Label(prefix + "shard", shard));
-  if (!cluster.empty()) RETURN_IF_ERROR(ValidateClusterName(prefix + "cluster", cluster));
-  switch (info.scope) {
-    case ResourceInfo::Scope::kNamespaced:
-      RETURN_IF_ERROR(ValidateDNS1123Label(prefix + "namespace", ns));
-      break;
-    case ResourceInfo::Scope::kCluster:
-      if (!ns.empty()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(prefix,
-                         "namespace: Forbidden: the resource is cluster-scoped; "
-                         "namespace must be empty"));
-      }
-      break;
-    case ResourceInfo::Scope::kAny:
-      if (!ns.empty()) RETURN_IF_ERROR(ValidateDNS1123Label(prefix + "namespace", ns));
-      break;
-  }
-  return absl::OkStatus();
-}
-
-// metadata.shard names the shard a copy in the cache came from. A shard store's objects are its
-// own: one with a shard would be a second object beside the one of the same name.
-absl::Status RefuseShardInShardRole(Role role, const std::string& path, const std::string& shard) {
-  if (role != Role::kShard || shard.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(path,
-                   ": Forbidden: a shard store's objects have no shard (it names the origin "
-                   "of a copy in the cache)"));
-}
-
-absl::Status ValidateObject(const ResourceInfo& info, const v1::Object& o) {
-  const v1::ObjectMeta& m = o.metadata();
-  RETURN_IF_ERROR(ValidateKey(info, "metadata.", m.shard(), m.cluster(), m.namespace_(), m.name()));
-  RETURN_IF_ERROR(ValidateLabels("metadata.labels", m.labels()));
-  RETURN_IF_ERROR(ValidateAnnotations("metadata.annotations", m.annotations()));
-  RETURN_IF_ERROR(ValidateFinalizers("metadata.finalizers", m.finalizers()));
-  if (m.generation() < 0) {
-    return absl::InvalidArgumentError("metadata.generation: Invalid value: must not be negative");
-  }
-  if (m.has_creation_timestamp()) {
-    RETURN_IF_ERROR(ValidateTimestamp("metadata.creationTimestamp", m.creation_timestamp()));
-  }
-  RETURN_IF_ERROR(ValidateStruct("spec", o.spec(), 0));
-  RETURN_IF_ERROR(ValidateStruct("status", o.status(), 0));
-  return absl::OkStatus();
-}
-
-// Stores an empty spec or status as absent, so that "{}" and no value compare equal.
-void Normalize(v1::Object* o) {
-  if (o->has_spec() && o->spec().fields().empty()) o->clear_spec();
-  if (o->has_status() && o->status().fields().empty()) o->clear_status();
-}
-
-absl::StatusOr<int64_t> ParseRevision(const std::string& path, const std::string& text) {
-  int64_t rv = 0;
-  if (!absl::SimpleAtoi(text, &rv) || rv <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": Invalid value: \"", text, "\": must be a positive decimal integer"));
-  }
-  return rv;
 }
 
 absl::Status Conflict(const v1::GroupVersionResource& gvr, const std::string& name,
@@ -170,34 +34,6 @@ absl::Status Conflict(const v1::GroupVersionResource& gvr, const std::string& na
       "Operation cannot be fulfilled on ", Describe(gvr, name), ": ", why,
       "; the object has been modified; please apply your changes to the latest version and try "
       "again"));
-}
-
-absl::Status CheckSize(const v1::Object& o, int64_t limit) {
-  size_t size = o.ByteSizeLong();
-  if (static_cast<int64_t>(size) > limit) {
-    return absl::ResourceExhaustedError(absl::StrCat("object is ", size,
-                                                     " bytes, more than the limit of ", limit,
-                                                     " bytes (--max-object-bytes)"));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<ObjectFilter> MakeFilter(const std::string& shard, const std::string& cluster,
-                                        const std::string& ns, const std::string& selector) {
-  ObjectFilter f;
-  if (!shard.empty()) RETURN_IF_ERROR(ValidateDNS1123Label("shard", shard));
-  if (!cluster.empty()) RETURN_IF_ERROR(ValidateClusterName("cluster", cluster));
-  if (!ns.empty()) RETURN_IF_ERROR(ValidateDNS1123Label("namespace", ns));
-  auto parsed = LabelSelector::Parse(selector);
-  if (!parsed.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("label_selector: Invalid value: \"", selector,
-                                                   "\": ", parsed.status().message()));
-  }
-  f.shard = shard;
-  f.cluster = cluster;
-  f.namespace_ = ns;
-  f.selector = *std::move(parsed);
-  return f;
 }
 
 // The leading key prefix that every object matching `f` has.
@@ -209,23 +45,6 @@ std::string KeyPrefix(const ObjectFilter& f) {
   if (f.namespace_.empty()) return p;
   p.append(f.namespace_).push_back('\0');
   return p;
-}
-
-std::string EncodeContinue(int64_t revision, const std::string& last_key) {
-  return absl::WebSafeBase64Escape(absl::StrCat(revision, "\n", last_key));
-}
-
-absl::Status DecodeContinue(const std::string& token, int64_t* revision, std::string* last_key) {
-  std::string raw;
-  if (absl::WebSafeBase64Unescape(token, &raw)) {
-    size_t nl = raw.find('\n');
-    if (nl != std::string::npos && absl::SimpleAtoi(raw.substr(0, nl), revision) && *revision > 0) {
-      *last_key = raw.substr(nl + 1);
-      return absl::OkStatus();
-    }
-  }
-  return absl::InvalidArgumentError(
-      "continue_token: Invalid value: malformed (pass the token of the previous page as is)");
 }
 
 // The object of the last version at or before `revision` (null: absent or deleted then).
@@ -256,6 +75,16 @@ absl::StatusOr<T> Await(const std::function<void(std::function<void(absl::Status
   return result;
 }
 
+// Gives `result` to `done` once revision `revision` (0: none) and every epoch claimed so far
+// are durable.
+template <typename T>
+void AnswerWhenDurable(GroupCommitter* committer, int64_t revision,
+                       std::function<void(absl::StatusOr<T>)> done, absl::StatusOr<T> result) {
+  committer->CompleteWhenDurable(
+      revision,
+      [done = std::move(done), result = std::move(result)]() mutable { done(std::move(result)); });
+}
+
 }  // namespace
 
 ObjectStore::ObjectStore(Options options, WatchCache* watch_cache, StoreMetrics* metrics,
@@ -263,22 +92,18 @@ ObjectStore::ObjectStore(Options options, WatchCache* watch_cache, StoreMetrics*
     : options_(options),
       watch_cache_(watch_cache),
       metrics_(metrics),
-      store_id_(state.store_id.empty() ? NewStoreId() : state.store_id),
-      registry_(options.role) {
+      store_id_(state.store_id.empty() ? NewUuid() : state.store_id),
+      registry_(options.role),
+      committer_(options.storage, watch_cache, metrics, this, state.revision,
+                 state.compacted_revision) {
   {
     absl::MutexLock l(&mu_);
     RecoverLocked(std::move(state));
   }
-  committer_ = std::thread([this] { RunCommitter(); });
+  committer_.Start();
 }
 
-ObjectStore::~ObjectStore() {
-  {
-    absl::MutexLock l(&mu_);
-    stopping_ = true;
-  }
-  committer_.join();
-}
+ObjectStore::~ObjectStore() { committer_.Stop(); }
 
 void ObjectStore::RecoverLocked(PersistedState state) {
   revision_ = durable_revision_ = state.revision;
@@ -302,8 +127,8 @@ void ObjectStore::RecoverLocked(PersistedState state) {
     ++live_objects_;
     if (gr == definitions) OnDefinitionChangedLocked(nullptr, versions.back().object);
   }
-  // Definitions are applied directly; nothing is waiting to be published yet.
-  pending_.clear();
+  // Definitions are applied directly: OnDefinitionChangedLocked(nullptr, ...) queues nothing
+  // for the committer.
   // The stored window may be a batch wider than the limits (the committer compacts after it
   // writes); apply them now so that the window is the same as before the restart.
   CompactLocked();
@@ -326,85 +151,16 @@ ObjectRef ObjectStore::DurableLocked(const std::string& group_resource,
   return VersionAt(k->second, durable_revision_);
 }
 
-void ObjectStore::CompleteWhenDurable(int64_t revision, std::function<void()> complete) {
-  {
-    absl::MutexLock l(&mu_);
-    if (revision > durable_revision_ || epoch_claims_ > durable_epoch_claims_) {
-      waiters_.push_back(Waiter{revision, epoch_claims_, std::move(complete)});
-      return;
-    }
-  }
-  complete();
+void ObjectStore::OnDurable(int64_t revision) {
+  absl::MutexLock l(&mu_);
+  durable_revision_ = revision;
+  CompactLocked();
+  metrics_->revision.Set(static_cast<double>(durable_revision_));
 }
 
-void ObjectStore::RunCommitter() {
-  absl::Time next_age_check = absl::Now() + absl::Seconds(1);
-  while (true) {
-    std::vector<PendingItem> items;
-    CommitBatch batch;
-    int64_t batch_claims = 0;
-    {
-      absl::MutexLock l(&mu_);
-      auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || !pending_.empty() || !pending_epochs_.empty();
-      };
-      mu_.AwaitWithDeadline(absl::Condition(&work), next_age_check);
-      if (pending_.empty() && pending_epochs_.empty()) {
-        if (stopping_) return;
-        CompactLocked();  // idle: let old events leave the window by age
-        next_age_check = absl::Now() + absl::Seconds(1);
-        continue;
-      }
-      items.swap(pending_);
-      batch.epochs.swap(pending_epochs_);
-      batch.revision = revision_;
-      batch.compacted_revision = compacted_revision_;
-      batch_claims = epoch_claims_;
-    }
-    for (const PendingItem& item : items) {
-      if (item.event != nullptr) batch.events.push_back(item.event);
-    }
-    if (options_.storage != nullptr) {
-      const absl::Time commit_start = absl::Now();
-      absl::Status written = options_.storage->Commit(batch);
-      metrics_->commit_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - commit_start));
-      if (!written.ok()) {
-        // Memory is ahead of the disk and cannot be taken back: stop, and recover on restart.
-        spdlog::critical("cannot make writes durable, stopping: {}", written.ToString());
-        std::abort();
-      }
-    }
-    std::vector<Waiter> done;
-    {
-      absl::MutexLock l(&mu_);
-      durable_revision_ = batch.revision;
-      durable_epoch_claims_ = batch_claims;
-      CompactLocked();
-      for (auto it = waiters_.begin(); it != waiters_.end();) {
-        if (it->revision <= durable_revision_ && it->epoch_claims <= durable_epoch_claims_) {
-          done.push_back(std::move(*it));
-          it = waiters_.erase(it);
-        } else {
-          ++it;
-        }
-      }
-      metrics_->revision.Set(static_cast<double>(durable_revision_));
-    }
-    // Publish in revision order; only this thread publishes.
-    std::vector<EventPtr> run;
-    for (PendingItem& item : items) {
-      if (item.event != nullptr) {
-        run.push_back(std::move(item.event));
-        continue;
-      }
-      if (!run.empty()) watch_cache_->Publish(std::move(run));
-      run.clear();
-      watch_cache_->PublishResourceGone(item.gone_resource, item.gone_version, item.gone_revision,
-                                        std::move(item.gone_status));
-    }
-    if (!run.empty()) watch_cache_->Publish(std::move(run));
-    for (Waiter& w : done) w.complete();
-  }
+void ObjectStore::OnIdle() {
+  absl::MutexLock l(&mu_);
+  CompactLocked();  // let old events leave the window by age
 }
 
 absl::StatusOr<ObjectRef> ObjectStore::Create(const v1::CreateRequest& req) {
@@ -445,9 +201,7 @@ void ObjectStore::ClaimEpochAsync(const v1::ClaimEpochRequest& req, EpochCallbac
   }();
   // No revision to wait for; CompleteWhenDurable also waits for every epoch claimed so far, this
   // one included (the committer writes a batch of epochs alone when nothing else is pending).
-  CompleteWhenDurable(0, [done = std::move(done), result = std::move(result)]() mutable {
-    done(std::move(result));
-  });
+  AnswerWhenDurable(&committer_, 0, std::move(done), std::move(result));
 }
 
 ObjectRef ObjectStore::CurrentLocked(const std::string& group_resource,
@@ -477,10 +231,13 @@ absl::StatusOr<v1::ListResponse> ObjectStore::List(const v1::ListRequest& req) c
   }
   ASSIGN_OR_RETURN(ObjectFilter filter,
                    MakeFilter(req.shard(), req.cluster(), req.namespace_(), req.label_selector()));
-  int64_t at = 0;
-  std::string last_key;
   bool continued = !req.continue_token().empty();
-  if (continued) RETURN_IF_ERROR(DecodeContinue(req.continue_token(), &at, &last_key));
+  ListPosition position;
+  if (continued) {
+    ASSIGN_OR_RETURN(position, DecodeContinueToken(req.continue_token()));
+  }
+  int64_t at = position.revision;
+  const std::string& last_key = position.last_key;
 
   absl::ReaderMutexLock l(&mu_);
   ASSIGN_OR_RETURN(ResourceInfo info, registry_.Resolve(req.resource()));
@@ -510,7 +267,7 @@ absl::StatusOr<v1::ListResponse> ObjectStore::List(const v1::ListRequest& req) c
     const ObjectRef& obj = VersionAt(it->second, at);
     if (obj == nullptr || !filter.Matches(*obj)) continue;
     if (req.limit() > 0 && resp.items_size() == req.limit()) {
-      resp.set_continue_token(EncodeContinue(at, last_returned));
+      resp.set_continue_token(EncodeContinueToken(at, last_returned));
       break;
     }
     *resp.add_items() = *obj;
@@ -534,8 +291,7 @@ absl::Status ObjectStore::CheckFenceLocked(const v1::Fence& fence, const char* w
   }
   if (fence.epoch() > highest) {
     highest = fence.epoch();
-    pending_epochs_[fence.shard()] = highest;
-    ++epoch_claims_;
+    committer_.AddEpoch(fence.shard(), highest);
   }
   return absl::OkStatus();
 }
@@ -556,7 +312,7 @@ void ObjectStore::CommitLocked(const std::string& group_resource, v1::WatchEvent
   if (type == v1::WatchEvent::ADDED) ++live_objects_;
   if (type == v1::WatchEvent::DELETED) --live_objects_;
   history_.push_back(event);
-  pending_.push_back(PendingItem{std::move(event), {}, {}, 0, absl::OkStatus()});
+  committer_.AddEvent(std::move(event));
   metrics_->objects.Set(static_cast<double>(live_objects_));
   metrics_->writes.Increment();
 }
@@ -587,6 +343,7 @@ void ObjectStore::CompactLocked() {
       r->second.keys.erase(k);
     }
   }
+  committer_.SetCompactedRevision(compacted_revision_);
   metrics_->history_events.Set(static_cast<double>(history_.size()));
 }
 
@@ -601,9 +358,7 @@ void ObjectStore::CreateAsync(const v1::CreateRequest& req, ObjectCallback done)
     return CreateLocked(info, req.resource(), req.object(), req.fence(), /*keep_status=*/false);
   }();
   int64_t wait = result.ok() ? RevisionOf(*result) : 0;
-  CompleteWhenDurable(wait, [done = std::move(done), result = std::move(result)]() mutable {
-    done(std::move(result));
-  });
+  AnswerWhenDurable(&committer_, wait, std::move(done), std::move(result));
 }
 
 absl::StatusOr<ObjectRef> ObjectStore::CreateLocked(const ResourceInfo& info,
@@ -627,7 +382,7 @@ absl::StatusOr<ObjectRef> ObjectStore::CreateLocked(const ResourceInfo& info,
   if (is_definition) RETURN_IF_ERROR(ResourceRegistry::ParseDefinition(object, nullptr).status());
   // The cache role keeps the origin's identity; a shard store owns it.
   bool keep_identity = options_.role == Role::kCache;
-  if (!keep_identity || m.uid().empty()) m.set_uid(NewUid());
+  if (!keep_identity || m.uid().empty()) m.set_uid(NewUuid());
   if (!keep_identity || !m.has_creation_timestamp()) {
     *m.mutable_creation_timestamp() =
         TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(options_.clock->Now()));
@@ -664,9 +419,7 @@ void ObjectStore::UpdateAsyncImpl(const v1::UpdateRequest& req, UpdateKind kind,
     return UpdateLocked(req, kind);
   }();
   int64_t wait = result.ok() ? RevisionOf(*result) : 0;
-  CompleteWhenDurable(wait, [done = std::move(done), result = std::move(result)]() mutable {
-    done(std::move(result));
-  });
+  AnswerWhenDurable(&committer_, wait, std::move(done), std::move(result));
 }
 
 absl::StatusOr<ObjectRef> ObjectStore::UpdateLocked(const v1::UpdateRequest& req, UpdateKind kind) {
@@ -771,9 +524,7 @@ void ObjectStore::DeleteAsync(const v1::DeleteRequest& req, DeleteCallback done)
     return DeleteLocked(req);
   }();
   int64_t wait = result.ok() ? RevisionOf(result->object) : 0;
-  CompleteWhenDurable(wait, [done = std::move(done), result = std::move(result)]() mutable {
-    done(std::move(result));
-  });
+  AnswerWhenDurable(&committer_, wait, std::move(done), std::move(result));
 }
 
 absl::StatusOr<ObjectStore::DeleteResult> ObjectStore::DeleteLocked(const v1::DeleteRequest& req) {
@@ -836,11 +587,11 @@ void ObjectStore::OnDefinitionChangedLocked(const ObjectRef& before, const Objec
     if (!old_info.ok()) return;
     registry_.RemoveDefinition(old_info->group_resource);
     PurgeResourceLocked(old_info->group_resource);
-    pending_.push_back(PendingItem{
-        nullptr, old_info->group_resource, "", revision_,
+    committer_.AddResourceGone(
+        old_info->group_resource, "", revision_,
         absl::NotFoundError(absl::StrCat("the resource ", before->metadata().name(),
                                          " is no longer served: its ResourceDefinition was "
-                                         "deleted"))});
+                                         "deleted")));
     return;
   }
   absl::StatusOr<ResourceInfo> new_info = ResourceRegistry::ParseDefinition(*after, nullptr);
@@ -850,10 +601,10 @@ void ObjectStore::OnDefinitionChangedLocked(const ObjectRef& before, const Objec
   for (const std::string& v : old_info->versions) {
     if (std::find(new_info->versions.begin(), new_info->versions.end(), v) ==
         new_info->versions.end()) {
-      pending_.push_back(PendingItem{
-          nullptr, new_info->group_resource, v, revision_,
+      committer_.AddResourceGone(
+          new_info->group_resource, v, revision_,
           absl::NotFoundError(absl::StrCat("version ", v, " of ", after->metadata().name(),
-                                           " is no longer served"))});
+                                           " is no longer served")));
     }
   }
 }

@@ -9,17 +9,18 @@
 //   resourceVersion (and uid), status as a subresource where the resource says so, fencing
 //   by per-shard epoch. A write that fails changes nothing.
 // - Fencing epochs: the highest epoch seen per shard, raised by fenced writes and by ClaimEpoch,
-//   durable before any answer that depends on it (see CompleteWhenDurable).
+//   durable before any answer that depends on it (GroupCommitter::CompleteWhenDurable).
 // - Every version of every object since the oldest event of the history window is kept
 //   (multi-version, as etcd does), so that a paginated List stays a consistent snapshot at its
 //   first page's revision, and a Watch can start from any revision inside the window. Older
 //   versions are compacted away as events leave the window (by count and by age).
-// - Durability with group commit: a write is applied in memory under the store's lock (so later
-//   writes see it), then its completion waits for the committer thread, which writes everything
-//   that arrived since its last sync as one Storage batch. Only then is the write acknowledged,
-//   its event published to the WatchCache (in revision order), and its revision made visible to
-//   readers: Get, List and Watch read at the durable revision, so nobody sees a change that a
-//   crash could take back. A failed Storage write stops the process (memory is ahead of disk).
+// - Durability with group commit (group_committer.h): a write is applied in memory under the
+//   store's lock (so later writes see it), then its completion waits for the committer thread,
+//   which writes everything that arrived since its last sync as one Storage batch. Only then is the
+//   write acknowledged, its event published to the WatchCache (in revision order), and its revision
+//   made visible to readers: Get, List and Watch read at the durable revision, so nobody sees a
+//   change that a crash could take back. A failed Storage write stops the process (memory is ahead
+//   of disk).
 // - A watcher is registered under the store's lock with its starting snapshot at the durable
 //   revision, so that no event falls between the two.
 // - Identity: a store has an id (store_id()), made when its data was created and kept across
@@ -27,6 +28,9 @@
 //   directory) behind the same address from the one it knew.
 // - Shard role: deleting a ResourceDefinition deletes every object of its resource (one DELETED
 //   event each) and then ends the resource's watches with NOT_FOUND.
+//
+// Requests are validated by the rules of object_validation.h; a paginated List continues from
+// the token of its previous page (list_token.h).
 //
 // Thread-safety: every method is thread-safe. Writes are serialized by one lock; reads share it.
 // Completion callbacks run on the committer thread, or inline in the caller when the result does
@@ -39,12 +43,12 @@
 #include <functional>
 #include <map>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "cache_server/group_committer.h"
 #include "cache_server/object_filter.h"
 #include "cache_server/resource_registry.h"
 #include "cache_server/storage.h"
@@ -55,7 +59,7 @@
 
 namespace shardcache {
 
-class ObjectStore {
+class ObjectStore : private GroupCommitter::Owner {
  public:
   struct Options {
     // Which resources are served (see ResourceRegistry).
@@ -87,7 +91,7 @@ class ObjectStore {
   ObjectStore(Options options, WatchCache* watch_cache, StoreMetrics* metrics,
               PersistedState state = PersistedState());
   // Makes every pending write durable, completes it, and stops the committer.
-  ~ObjectStore();
+  ~ObjectStore() override;
   ObjectStore(const ObjectStore&) = delete;
   ObjectStore& operator=(const ObjectStore&) = delete;
 
@@ -141,31 +145,17 @@ class ObjectStore {
   struct ResourceData {
     std::map<std::string, std::vector<Version>> keys;
   };
-  // An event, or a marker that ends the watches of a resource, waiting for the committer.
-  struct PendingItem {
-    EventPtr event;
-    std::string gone_resource;
-    std::string gone_version;
-    int64_t gone_revision = 0;
-    absl::Status gone_status;
-  };
-  struct Waiter {
-    int64_t revision;
-    int64_t epoch_claims;
-    std::function<void()> complete;
-  };
 
   absl::StatusOr<ObjectRef> UpdateLocked(const v1::UpdateRequest& request, UpdateKind kind)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<DeleteResult> DeleteLocked(const v1::DeleteRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateAsyncImpl(const v1::UpdateRequest& request, UpdateKind kind, ObjectCallback done);
-  // Completes `complete` once revision `revision` is durable, and every fencing epoch claimed so
-  // far too (a write acknowledged under a new epoch must not be followed, after a crash, by a
-  // write with an older one): at once if they already are, else from the committer.
-  void CompleteWhenDurable(int64_t revision, std::function<void()> complete);
   void RecoverLocked(PersistedState state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RunCommitter();
+  // GroupCommitter::Owner, on the committer thread: readers read at `revision` from now on, and
+  // events that left the window by count or age are compacted away.
+  void OnDurable(int64_t revision) override ABSL_LOCKS_EXCLUDED(mu_);
+  void OnIdle() override ABSL_LOCKS_EXCLUDED(mu_);
   // Creates `object`; `keep_status` keeps a status even where status is a subresource (upsert).
   absl::StatusOr<ObjectRef> CreateLocked(const ResourceInfo& info,
                                          const v1::GroupVersionResource& gvr, v1::Object object,
@@ -201,15 +191,8 @@ class ObjectStore {
   mutable absl::Mutex mu_;
   // The last revision given to a write.
   int64_t revision_ ABSL_GUARDED_BY(mu_) = 1;
-  // The last revision made durable; readers read at it.
+  // The last revision made durable (raised by the committer, under mu_); readers read at it.
   int64_t durable_revision_ ABSL_GUARDED_BY(mu_) = 1;
-  std::vector<PendingItem> pending_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, int64_t> pending_epochs_ ABSL_GUARDED_BY(mu_);
-  // How many times an epoch was raised, and how many of those are durable.
-  int64_t epoch_claims_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t durable_epoch_claims_ ABSL_GUARDED_BY(mu_) = 0;
-  std::deque<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Events with a revision at or below this have left the history window.
   int64_t compacted_revision_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t live_objects_ ABSL_GUARDED_BY(mu_) = 0;
@@ -218,7 +201,8 @@ class ObjectStore {
   std::map<std::string, int64_t> epochs_ ABSL_GUARDED_BY(mu_);
   ResourceRegistry registry_ ABSL_GUARDED_BY(mu_);
 
-  std::thread committer_;
+  // Provides its own synchronization; its lock is taken after mu_, never before.
+  GroupCommitter committer_;
 };
 
 // The response header (gRPC initial metadata) that carries store_id() on Watch and Get.

@@ -5,12 +5,12 @@
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
 
-#include "absl/random/random.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "cache_server/object_filter.h"
+#include "cache_server/uuid.h"
 #include "shardcache/storage/v1/storage.pb.h"
 
 namespace shardcache {
@@ -59,18 +59,6 @@ absl::Status FromRocks(const rocksdb::Status& s, const std::string& what) {
 
 }  // namespace
 
-std::string NewStoreId() {
-  absl::BitGen rng;
-  uint8_t b[16];
-  for (uint8_t& byte : b) byte = absl::Uniform<uint8_t>(rng);
-  b[6] = static_cast<uint8_t>((b[6] & 0x0f) | 0x40);  // version 4
-  b[8] = static_cast<uint8_t>((b[8] & 0x3f) | 0x80);  // RFC 4122 variant
-  std::string hex =
-      absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(b), sizeof(b)));
-  return absl::StrCat(hex.substr(0, 8), "-", hex.substr(8, 4), "-", hex.substr(12, 4), "-",
-                      hex.substr(16, 4), "-", hex.substr(20));
-}
-
 absl::StatusOr<std::unique_ptr<RocksDbStorage>> RocksDbStorage::Open(Options options) {
   bool fresh = DirectoryIsEmptyOrAbsent(options.data_dir);
   rocksdb::Options db_options;
@@ -101,7 +89,7 @@ absl::StatusOr<std::unique_ptr<RocksDbStorage>> RocksDbStorage::Open(Options opt
     batch.Put(kFormatKey, kFormat);
     batch.Put(kRevisionKey, "1");
     batch.Put(kCompactedKey, "1");
-    batch.Put(kStoreIdKey, NewStoreId());
+    batch.Put(kStoreIdKey, NewUuid());
     rocksdb::WriteOptions wo;
     wo.sync = true;
     s = db->Write(wo, &batch);
@@ -152,7 +140,7 @@ absl::StatusOr<PersistedState> RocksDbStorage::Load() {
   s = db_->Get(ro, kStoreIdKey, &state.store_id);
   if (s.IsNotFound()) {
     // Created before stores had an identity: give it one now, durably, and keep it.
-    state.store_id = NewStoreId();
+    state.store_id = NewUuid();
     rocksdb::WriteOptions wo;
     wo.sync = true;
     s = db_->Put(wo, kStoreIdKey, state.store_id);

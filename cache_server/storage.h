@@ -37,9 +37,6 @@ struct PersistedState {
   std::string store_id;
 };
 
-// A new store identity: a random (version 4) UUID, "xxxxxxxx-xxxx-4xxx-yxxx-xxxxxxxxxxxx".
-std::string NewStoreId();
-
 // One atomic unit of durable change.
 struct CommitBatch {
   // New events, in revision order (may be empty, e.g. when only an epoch changed).

@@ -36,6 +36,11 @@ class StoreService::UnaryCall : public grpc::ServerUnaryReactor {
     Finish(ToGrpcStatus(status));
   }
 
+  // A store callback that answers the call with the object a write stored, or its error.
+  ObjectStore::ObjectCallback ObjectReply() {
+    return [this](absl::StatusOr<ObjectRef> r) { Reply(r.status(), r.ok() ? r->get() : nullptr); };
+  }
+
   void OnDone() override {
     StoreService* service = service_;
     delete this;
@@ -88,27 +93,44 @@ void StoreService::EndCall() {
   --calls_;
 }
 
+template <typename Request, typename Handler>
+grpc::ServerUnaryReactor* StoreService::Serve(grpc::CallbackServerContext* ctx, const char* method,
+                                              const grpc::ByteBuffer* raw, grpc::ByteBuffer* resp,
+                                              Handler handle) {
+  Request req;
+  bool admitted;
+  UnaryCall* call = Begin(*ctx, method, *raw, &req, resp, &admitted);
+  if (admitted) handle(req, call);
+  return call;
+}
+
+template <typename Request>
+grpc::ServerUnaryReactor* StoreService::ServeWrite(
+    grpc::CallbackServerContext* ctx, const char* method, const grpc::ByteBuffer* raw,
+    grpc::ByteBuffer* resp,
+    void (ObjectStore::*write)(const Request&, ObjectStore::ObjectCallback)) {
+  return Serve<Request>(ctx, method, raw, resp, [this, write](const Request& req, UnaryCall* call) {
+    (store_->*write)(req, call->ObjectReply());
+  });
+}
+
 grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* ctx,
                                             const grpc::ByteBuffer* raw, grpc::ByteBuffer* resp) {
   ctx->AddInitialMetadata(kStoreIdMetadataKey, store_->store_id());
-  v1::GetRequest req;
-  bool admitted;
-  UnaryCall* call = Begin(*ctx, "Get", *raw, &req, resp, &admitted);
-  if (!admitted) return call;
-  auto result = store_->Get(req);
-  call->Reply(result.status(), result.ok() ? result->get() : nullptr);
-  return call;
+  return Serve<v1::GetRequest>(
+      ctx, "Get", raw, resp, [this](const v1::GetRequest& req, UnaryCall* call) {
+        auto result = store_->Get(req);
+        call->Reply(result.status(), result.ok() ? result->get() : nullptr);
+      });
 }
 
 grpc::ServerUnaryReactor* StoreService::List(grpc::CallbackServerContext* ctx,
                                              const grpc::ByteBuffer* raw, grpc::ByteBuffer* resp) {
-  v1::ListRequest req;
-  bool admitted;
-  UnaryCall* call = Begin(*ctx, "List", *raw, &req, resp, &admitted);
-  if (!admitted) return call;
-  auto result = store_->List(req);
-  call->Reply(result.status(), result.ok() ? &*result : nullptr);
-  return call;
+  return Serve<v1::ListRequest>(ctx, "List", raw, resp,
+                                [this](const v1::ListRequest& req, UnaryCall* call) {
+                                  auto result = store_->List(req);
+                                  call->Reply(result.status(), result.ok() ? &*result : nullptr);
+                                });
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* StoreService::Watch(grpc::CallbackServerContext* ctx,
@@ -137,73 +159,48 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* StoreService::Watch(grpc::CallbackSe
 grpc::ServerUnaryReactor* StoreService::Create(grpc::CallbackServerContext* ctx,
                                                const grpc::ByteBuffer* raw,
                                                grpc::ByteBuffer* resp) {
-  v1::CreateRequest req;
-  bool admitted;
-  UnaryCall* call = Begin(*ctx, "Create", *raw, &req, resp, &admitted);
-  if (!admitted) return call;
-  store_->CreateAsync(req, [call](absl::StatusOr<ObjectRef> r) {
-    call->Reply(r.status(), r.ok() ? r->get() : nullptr);
-  });
-  return call;
+  return ServeWrite(ctx, "Create", raw, resp, &ObjectStore::CreateAsync);
 }
 
 grpc::ServerUnaryReactor* StoreService::Update(grpc::CallbackServerContext* ctx,
                                                const grpc::ByteBuffer* raw,
                                                grpc::ByteBuffer* resp) {
-  v1::UpdateRequest req;
-  bool admitted;
-  UnaryCall* call = Begin(*ctx, "Update", *raw, &req, resp, &admitted);
-  if (!admitted) return call;
-  store_->UpdateAsync(req, [call](absl::StatusOr<ObjectRef> r) {
-    call->Reply(r.status(), r.ok() ? r->get() : nullptr);
-  });
-  return call;
+  return ServeWrite(ctx, "Update", raw, resp, &ObjectStore::UpdateAsync);
 }
 
 grpc::ServerUnaryReactor* StoreService::UpdateStatus(grpc::CallbackServerContext* ctx,
                                                      const grpc::ByteBuffer* raw,
                                                      grpc::ByteBuffer* resp) {
-  v1::UpdateRequest req;
-  bool admitted;
-  UnaryCall* call = Begin(*ctx, "UpdateStatus", *raw, &req, resp, &admitted);
-  if (!admitted) return call;
-  store_->UpdateStatusAsync(req, [call](absl::StatusOr<ObjectRef> r) {
-    call->Reply(r.status(), r.ok() ? r->get() : nullptr);
-  });
-  return call;
+  return ServeWrite(ctx, "UpdateStatus", raw, resp, &ObjectStore::UpdateStatusAsync);
 }
 
 grpc::ServerUnaryReactor* StoreService::Delete(grpc::CallbackServerContext* ctx,
                                                const grpc::ByteBuffer* raw,
                                                grpc::ByteBuffer* resp) {
-  v1::DeleteRequest req;
-  bool admitted;
-  UnaryCall* call = Begin(*ctx, "Delete", *raw, &req, resp, &admitted);
-  if (!admitted) return call;
-  store_->DeleteAsync(req, [call](absl::StatusOr<ObjectStore::DeleteResult> r) {
-    v1::DeleteResponse out;
-    if (r.ok()) {
-      *out.mutable_object() = *r->object;
-      out.set_deleted(r->deleted);
-    }
-    call->Reply(r.status(), &out);
-  });
-  return call;
+  return Serve<v1::DeleteRequest>(
+      ctx, "Delete", raw, resp, [this](const v1::DeleteRequest& req, UnaryCall* call) {
+        store_->DeleteAsync(req, [call](absl::StatusOr<ObjectStore::DeleteResult> r) {
+          v1::DeleteResponse out;
+          if (r.ok()) {
+            *out.mutable_object() = *r->object;
+            out.set_deleted(r->deleted);
+          }
+          call->Reply(r.status(), &out);
+        });
+      });
 }
 
 grpc::ServerUnaryReactor* StoreService::ClaimEpoch(grpc::CallbackServerContext* ctx,
                                                    const grpc::ByteBuffer* raw,
                                                    grpc::ByteBuffer* resp) {
-  v1::ClaimEpochRequest req;
-  bool admitted;
-  UnaryCall* call = Begin(*ctx, "ClaimEpoch", *raw, &req, resp, &admitted);
-  if (!admitted) return call;
-  store_->ClaimEpochAsync(req, [call](absl::StatusOr<int64_t> r) {
-    v1::ClaimEpochResponse out;
-    if (r.ok()) out.set_epoch(*r);
-    call->Reply(r.status(), &out);
-  });
-  return call;
+  return Serve<v1::ClaimEpochRequest>(
+      ctx, "ClaimEpoch", raw, resp, [this](const v1::ClaimEpochRequest& req, UnaryCall* call) {
+        store_->ClaimEpochAsync(req, [call](absl::StatusOr<int64_t> r) {
+          v1::ClaimEpochResponse out;
+          if (r.ok()) out.set_epoch(*r);
+          call->Reply(r.status(), &out);
+        });
+      });
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StoreService::Write(

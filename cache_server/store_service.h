@@ -107,6 +107,18 @@ class StoreService final : public RawStoreService {
                    const grpc::ByteBuffer& raw, google::protobuf::Message* req,
                    grpc::ByteBuffer* response, bool* admitted);
   void EndCall();
+  // Serves a unary call of `method`: parses `raw` into a Request and, when the call is admitted
+  // (Begin), hands it to `handle(request, call)`, which answers it with UnaryCall::Reply.
+  template <typename Request, typename Handler>
+  grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* ctx, const char* method,
+                                  const grpc::ByteBuffer* raw, grpc::ByteBuffer* resp,
+                                  Handler handle);
+  // Serves a unary write whose answer is the object stored: `write` is the ObjectStore's.
+  template <typename Request>
+  grpc::ServerUnaryReactor* ServeWrite(grpc::CallbackServerContext* ctx, const char* method,
+                                       const grpc::ByteBuffer* raw, grpc::ByteBuffer* resp,
+                                       void (ObjectStore::*write)(const Request&,
+                                                                  ObjectStore::ObjectCallback));
 
   const Options options_;
   ObjectStore* const store_;

@@ -91,9 +91,10 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>, public W
   void CheckStalledLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Keeps the WatchCache's backlog in step with live_bytes_.
   void UpdateBacklogLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Decides what to start next; the caller starts it after releasing mu_.
+  // Decides what to start next; the caller starts it with Act after releasing mu_.
   Action NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Act(Action action);
+  // Starts the gRPC operation decided (StartWrite or Finish). Never under mu_.
+  void Act(Action action) ABSL_LOCKS_EXCLUDED(mu_);
 
   WatchCache* const cache_;
   StoreMetrics* const metrics_;

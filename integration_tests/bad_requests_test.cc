@@ -23,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "cache_server/testing/raw_write_stream.h"
 #include "integration_tests/store_fixture.h"
 
 namespace shardcache::testing {
@@ -972,69 +973,6 @@ grpc::ByteBuffer Buffer(const std::string& bytes) {
   grpc::Slice slice(bytes);
   return grpc::ByteBuffer(&slice, 1);
 }
-
-// A Write stream that sends bytes as they are (the generic API), one operation at a time.
-class RawWriteStream {
- public:
-  explicit RawWriteStream(const std::shared_ptr<grpc::Channel>& channel) : stub_(channel) {
-    ctx_.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
-    call_ = stub_.PrepareCall(&ctx_, "/shardcache.v1.Store/Write", &cq_);
-    call_->StartCall(this);
-    started_ = Await();
-  }
-  ~RawWriteStream() {
-    cq_.Shutdown();
-    void* tag;
-    bool ok;
-    while (cq_.Next(&tag, &ok)) {
-    }
-  }
-  bool started() const { return started_; }
-  bool Write(const std::string& bytes) {
-    grpc::ByteBuffer b = Buffer(bytes);
-    call_->Write(b, this);
-    return Await();
-  }
-  bool WritesDone() {
-    call_->WritesDone(this);
-    return Await();
-  }
-  std::optional<v1::WriteResponse> Read() {
-    grpc::ByteBuffer b;
-    call_->Read(&b, this);
-    if (!Await()) return std::nullopt;
-    std::vector<grpc::Slice> slices;
-    std::string flat;
-    if (b.Dump(&slices).ok()) {
-      for (const auto& sl : slices)
-        flat.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
-    }
-    v1::WriteResponse answer;
-    EXPECT_TRUE(answer.ParseFromString(flat));
-    return answer;
-  }
-  grpc::Status Finish() {
-    grpc::Status status;
-    call_->Finish(&status, this);
-    Await();
-    return status;
-  }
-
- private:
-  bool Await() {
-    void* tag = nullptr;
-    bool ok = false;
-    EXPECT_TRUE(cq_.Next(&tag, &ok));
-    EXPECT_EQ(tag, this);
-    return ok;
-  }
-
-  grpc::GenericStub stub_;
-  grpc::ClientContext ctx_;
-  grpc::CompletionQueue cq_;
-  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call_;
-  bool started_ = false;
-};
 
 // A write cut short (not even its id can be read) cannot be answered: the writes before it are
 // answered, then the stream ends with INVALID_ARGUMENT, and nothing after it is applied.

@@ -1,0 +1,145 @@
+// GroupCommitter: the ObjectStore's committer thread. It makes the store's writes durable in
+// batches (group commit) and completes each write only once it is durable.
+//
+// The store applies a write in memory under its own lock, and hands the committer what must be
+// made durable: the write's event (AddEvent), a marker that ends the watches of a resource
+// (AddResourceGone), or a raised fencing epoch (AddEpoch). The committer thread takes everything
+// that arrived since its last sync and writes it as one Storage batch; then, in this order, it
+// tells the owner that the batch's revision is durable (Owner::OnDurable: readers may see it),
+// publishes the batch's events and markers to the WatchCache, and runs the completions that
+// waited for the batch (CompleteWhenDurable).
+//
+// What it guarantees:
+// - A completion runs once, after every revision up to its own is durable and every epoch added
+//   before it was registered is durable too (a write acknowledged under a new epoch must not be
+//   followed, after a crash, by a write with an older one); at once, in the caller, when they
+//   already are.
+// - Events and markers are published once each, in the order they were added, after they are
+//   durable and after Owner::OnDurable; only the committer thread publishes.
+// - Everything added between two syncs goes in one Storage::Commit (one fsync for many writes).
+//   A batch holds the epochs raised since the last one, and the revision and compacted revision
+//   of the last event added. A batch of epochs alone is written when only an epoch was raised.
+// - A failed Storage::Commit stops the process: memory is ahead of the disk and cannot be taken
+//   back; the store recovers from the disk on restart. Without a Storage, a batch is durable as
+//   soon as it is taken (a store in memory), in the same order.
+// - When there has been nothing to commit for about a second, Owner::OnIdle is called (the
+//   history window's age limit is applied then).
+// - Stop commits and completes everything added before it, then ends the thread.
+//
+// Thread-safety: every method is thread-safe. The owner calls the Add methods and
+// SetCompactedRevision in revision order, under its own lock; the committer's lock is only ever
+// taken after the owner's, never the other way round: the Owner methods are called with no lock
+// of the committer held. Completions run on the committer thread or inline in
+// CompleteWhenDurable's caller, and must not block.
+#ifndef SHARDCACHE_CACHE_SERVER_GROUP_COMMITTER_H_
+#define SHARDCACHE_CACHE_SERVER_GROUP_COMMITTER_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "cache_server/storage.h"
+#include "cache_server/store_metrics.h"
+#include "cache_server/watch_cache.h"
+
+namespace shardcache {
+
+class GroupCommitter {
+ public:
+  // What the committer asks of the store that owns it, from the committer thread.
+  class Owner {
+   public:
+    virtual ~Owner() = default;
+    // Every revision up to `revision` is durable: make it visible to readers. Called before the
+    // batch's events are published and its completions run.
+    virtual void OnDurable(int64_t revision) = 0;
+    // Nothing was committed for about a second.
+    virtual void OnIdle() = 0;
+  };
+
+  // `storage` (null: nothing is written), `watch_cache`, `metrics` and `owner` are not owned and
+  // must outlive the committer. `revision` is the store's durable revision at start.
+  GroupCommitter(Storage* storage, WatchCache* watch_cache, StoreMetrics* metrics, Owner* owner,
+                 int64_t revision, int64_t compacted_revision);
+  // Stops (see Stop).
+  ~GroupCommitter();
+  GroupCommitter(const GroupCommitter&) = delete;
+  GroupCommitter& operator=(const GroupCommitter&) = delete;
+
+  // Starts the committer thread. REQUIRES: called once.
+  void Start();
+  // Commits and completes everything added so far, then ends the thread. Safe to call twice;
+  // nothing may be added after it.
+  void Stop();
+
+  // Queues the event of a change; `event->revision` must be the revision after the last one
+  // added.
+  void AddEvent(EventPtr event);
+  // Queues the end of the watches of `group_resource` (only those of `version`, when it is not
+  // empty) that started before `revision`, with `status` (WatchCache::PublishResourceGone),
+  // published after the events added before it.
+  void AddResourceGone(std::string group_resource, std::string version, int64_t revision,
+                       absl::Status status);
+  // Queues a raised fencing epoch: `epoch` is now the highest seen for `shard`.
+  void AddEpoch(const std::string& shard, int64_t epoch);
+  // Events at or below `revision` have left the history window (written with the next batch).
+  void SetCompactedRevision(int64_t revision);
+
+  // Runs `complete` once revision `revision` is durable, and every epoch added so far too: at
+  // once, in this thread, if they already are; else from the committer thread.
+  void CompleteWhenDurable(int64_t revision, std::function<void()> complete);
+
+  // The last revision made durable.
+  int64_t durable_revision() const;
+
+ private:
+  // An event, or a marker that ends the watches of a resource.
+  struct Item {
+    EventPtr event;
+    std::string gone_resource;
+    std::string gone_version;
+    int64_t gone_revision = 0;
+    absl::Status gone_status;
+  };
+  struct Waiter {
+    int64_t revision;
+    int64_t epoch_claims;
+    std::function<void()> complete;
+  };
+
+  void Run() ABSL_LOCKS_EXCLUDED(mu_);
+  // Publishes `items` in order: runs of events, and the markers between them.
+  void Publish(std::vector<Item> items);
+
+  // Constant after construction.
+  Storage* const storage_;
+  WatchCache* const watch_cache_;
+  StoreMetrics* const metrics_;
+  Owner* const owner_;
+
+  mutable absl::Mutex mu_;
+  std::vector<Item> pending_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> pending_epochs_ ABSL_GUARDED_BY(mu_);
+  // The revision of the last event added, and the last one made durable.
+  int64_t revision_ ABSL_GUARDED_BY(mu_);
+  int64_t durable_revision_ ABSL_GUARDED_BY(mu_);
+  int64_t compacted_revision_ ABSL_GUARDED_BY(mu_);
+  // How many epochs were added, and how many of those are durable.
+  int64_t epoch_claims_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t durable_epoch_claims_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+
+  // Started once by Start, joined once by Stop.
+  std::thread thread_;
+};
+
+}  // namespace shardcache
+
+#endif  // SHARDCACHE_CACHE_SERVER_GROUP_COMMITTER_H_
