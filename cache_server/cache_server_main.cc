@@ -109,7 +109,6 @@ ABSL_FLAG(std::string, replicator_lease, "root/shardcache-system/shard-replicato
 ABSL_FLAG(bool, http_tls, false,
           "serve /metrics, /healthz and /readyz over HTTPS with --tls-cert-file and "
           "--tls-key-file (reloaded like gRPC's); no client certificate is asked for");
-ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off");
 
 namespace shardcache {
 namespace {
@@ -248,12 +247,6 @@ absl::StatusOr<Config> ConfigFromFlags() {
   return c;
 }
 
-int Refuse(const absl::Status& status) {
-  std::fprintf(stderr, "cache_server: refusing to start: %s\n",
-               std::string(status.message()).c_str());
-  return 2;
-}
-
 int Run(Config config, const std::string& role_name) {
   absl::Time load_start = absl::Now();
   auto storage = RocksDbStorage::Open({config.data_dir, config.sync});
@@ -380,16 +373,15 @@ int Run(Config config, const std::string& role_name) {
 }  // namespace shardcache
 
 int main(int argc, char** argv) {
-  absl::Status flags = shardcache::InitServerMain(
-      argc, argv,
+  return shardcache::ServerMain(
+      argc, argv, "cache_server",
       "the shardcache object store.\n\n"
       "  cache_server --role=cache --listen=127.0.0.1:7070 --http-listen=127.0.0.1:8070\n"
       "  cache_server --role=shard --listen=127.0.0.1:7071 --http-listen=127.0.0.1:8071\n\n"
-      "Flags may be spelt with dashes or underscores (--http-listen, --http_listen).");
-  if (!flags.ok()) return shardcache::Refuse(flags);
-  absl::StatusOr<shardcache::Config> config = shardcache::ConfigFromFlags();
-  if (!config.ok()) return shardcache::Refuse(config.status());
-  absl::Status logging = shardcache::InitLogging("cache_server", absl::GetFlag(FLAGS_log_level));
-  if (!logging.ok()) return shardcache::Refuse(logging);
-  return shardcache::Run(*config, absl::GetFlag(FLAGS_role));
+      "Flags may be spelt with dashes or underscores (--http-listen, --http_listen).",
+      [] {
+        absl::StatusOr<shardcache::Config> config = shardcache::ConfigFromFlags();
+        if (!config.ok()) return shardcache::Refuse(config.status());
+        return shardcache::Run(*config, absl::GetFlag(FLAGS_role));
+      });
 }

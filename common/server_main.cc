@@ -1,7 +1,9 @@
 #include "common/server_main.h"
 
+#include <cstdio>
 #include <string>
 
+#include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
@@ -9,10 +11,16 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/flags.h"
+#include "common/logging.h"
 #include "common/signals.h"
+
+ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off");
 
 namespace shardcache {
 namespace {
+
+// The program that Refuse names.
+const char* refusing_program = "shardcache";
 
 // A source file's name as --help shows it: "cache_server/cache_server_main.cc", whatever the
 // build tree's path ("../../cache_server/...", "/tmp/build/src/cache_server/...").
@@ -51,6 +59,22 @@ absl::Status InitServerMain(int argc, char** argv, const char* usage) {
   if (!checked.ok()) return checked;
   absl::ParseCommandLine(argc, normalized);
   return absl::OkStatus();
+}
+
+int Refuse(const absl::Status& why) {
+  std::fprintf(stderr, "%s: refusing to start: %s\n", refusing_program,
+               std::string(why.message()).c_str());
+  return 2;
+}
+
+int ServerMain(int argc, char** argv, const char* program, const char* usage,
+               const std::function<int()>& run) {
+  refusing_program = program;
+  absl::Status flags = InitServerMain(argc, argv, usage);
+  if (!flags.ok()) return Refuse(flags);
+  absl::Status logging = InitLogging(program, absl::GetFlag(FLAGS_log_level));
+  if (!logging.ok()) return Refuse(logging);
+  return run();
 }
 
 }  // namespace shardcache

@@ -1,14 +1,20 @@
-// The start of a shardcache server's main (cache_server, shard_replicator), before any thread is
-// created.
+// The main of a shardcache server (cache_server, shard_replicator): what happens before any thread
+// is created, and one way to refuse to start.
 //
 //   int main(int argc, char** argv) {
-//     absl::Status flags = shardcache::InitServerMain(argc, argv, "usage: ...");
-//     if (!flags.ok()) return Refuse(flags);  // "<program>: refusing to start: <why>", exit 2
-//     ...
+//     return shardcache::ServerMain(argc, argv, "cache_server", "usage: ...", [] {
+//       ...  // checks that need more than one flag: return shardcache::Refuse(...) on error
+//       return Run();
+//     });
+//   }
+//
+// The --log-level flag is defined here, for every server.
 //
 // For main's thread only, before any other thread starts. Not thread-safe.
 #ifndef SHARDCACHE_COMMON_SERVER_MAIN_H_
 #define SHARDCACHE_COMMON_SERVER_MAIN_H_
+
+#include <functional>
 
 #include "absl/status/status.h"
 
@@ -21,6 +27,15 @@ namespace shardcache {
 // flags (CheckCommandLine; an error is returned, nothing parsed) and parses them in either
 // spelling. --help and --version print and exit, as Abseil does.
 absl::Status InitServerMain(int argc, char** argv, const char* usage);
+
+// Says on stderr why the server refuses to start ("<program>: refusing to start: <why>", the
+// program named by the last ServerMain) and returns main's exit code for it, 2.
+int Refuse(const absl::Status& why);
+
+// InitServerMain, then logging (common/logging.h) at --log-level, then `run`, whose result is
+// main's. A bad flag or log level is refused (Refuse) before `run`.
+int ServerMain(int argc, char** argv, const char* program, const char* usage,
+               const std::function<int()>& run);
 
 }  // namespace shardcache
 

@@ -75,16 +75,9 @@ ABSL_FLAG(std::string, http_tls_cert_file, "",
           "PEM certificate (chain): with --http-tls-key-file, /metrics, /healthz and /readyz are "
           "served over HTTPS (reloaded on change, as the other files)");
 ABSL_FLAG(std::string, http_tls_key_file, "", "PEM private key of --http-tls-cert-file");
-ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off");
 
 namespace shardcache {
 namespace {
-
-int Refuse(const absl::Status& status) {
-  std::fprintf(stderr, "shard_replicator: refusing to start: %s\n",
-               std::string(status.message()).c_str());
-  return 2;
-}
 
 // The leader election timings, checked before anything starts (informers, HTTP): the lease
 // outlives the renew deadline, which outlives a retry period (with its jitter), as client-go's
@@ -218,16 +211,14 @@ int Run() {
 }  // namespace shardcache
 
 int main(int argc, char** argv) {
-  absl::Status flags = shardcache::InitServerMain(
-      argc, argv,
+  return shardcache::ServerMain(
+      argc, argv, "shard_replicator",
       "replicates the objects that a shard's ClusterCachedResources select into the cache.\n\n"
       "  shard_replicator --shard=a --shard-store=127.0.0.1:7071 --cache=127.0.0.1:7070\n\n"
-      "Flags may be spelt with dashes or underscores (--shard-store, --shard_store).");
-  if (!flags.ok()) return shardcache::Refuse(flags);
-  flags = shardcache::CheckLeaseFlags();
-  if (!flags.ok()) return shardcache::Refuse(flags);
-  absl::Status logging =
-      shardcache::InitLogging("shard_replicator", absl::GetFlag(FLAGS_log_level));
-  if (!logging.ok()) return shardcache::Refuse(logging);
-  return shardcache::Run();
+      "Flags may be spelt with dashes or underscores (--shard-store, --shard_store).",
+      [] {
+        absl::Status flags = shardcache::CheckLeaseFlags();
+        if (!flags.ok()) return shardcache::Refuse(flags);
+        return shardcache::Run();
+      });
 }
