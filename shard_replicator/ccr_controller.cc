@@ -44,7 +44,7 @@ bool CreatedBefore(const v1::Object& a, const v1::Object& b) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CcrController>> CcrController::Start(Options options) {
-  if (options.shard_client == nullptr || options.shard_informers == nullptr ||
+  if (options.shard_writer == nullptr || options.shard_informers == nullptr ||
       options.cache_informers == nullptr || options.writer == nullptr || options.ccrs == nullptr ||
       options.cache_ccrs == nullptr || options.workers < 1) {
     return absl::InvalidArgumentError("CcrController: missing dependencies");
@@ -185,8 +185,8 @@ absl::StatusOr<v1::Object> CcrController::WriteShardStore(const v1::UpdateReques
                                                           bool status) {
   absl::ReaderMutexLock l(&write_gate_);
   if (!writes_open_) return absl::CancelledError("the leadership term ended");
-  return status ? options_.shard_client->UpdateStatus(request)
-                : options_.shard_client->Update(request);
+  return status ? options_.shard_writer->UpdateStatus(request)
+                : options_.shard_writer->Update(request);
 }
 
 void CcrController::CheckFenced(const absl::Status& status) {

@@ -54,6 +54,7 @@
 #include "shard_replicator/cluster_cached_resource.h"
 #include "shard_replicator/replication_controller.h"
 #include "shard_replicator/replicator_metrics.h"
+#include "shard_replicator/shard_store_writer.h"
 
 namespace shardcache {
 
@@ -67,10 +68,11 @@ class CcrController {
     absl::Duration resync_period = absl::ZeroDuration();
     const Clock* clock = RealClock::Get();
     // Not owned; all must outlive the controller.
-    StoreClient* shard_client = nullptr;
+    // The CCRs' finalizer and status writes.
+    ShardStoreWriter* shard_writer = nullptr;
     DynamicInformerFactory* shard_informers = nullptr;
     DynamicInformerFactory* cache_informers = nullptr;
-    CacheWriter* writer = nullptr;
+    CacheWriterInterface* writer = nullptr;
     ReplicatorMetrics* metrics = nullptr;
     // CCRs in the shard store (every cluster), and their copies in the cache (this shard).
     std::shared_ptr<SharedInformer> ccrs;
