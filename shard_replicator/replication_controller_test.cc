@@ -273,17 +273,20 @@ TEST_F(ReplicationControllerFakeTest, UpsertsMissingAndDifferentCopiesOnly) {
       Start({LocalWidget("w1", "10"), LocalWidget("w2", "10"), LocalWidget("w3", "10")},
             {differs, Copy(LocalWidget("w3", "10"), "4")}));
   ASSERT_TRUE(Until([&] { return controller_->Pending() == 0; }, "in sync"));
-  EXPECT_EQ(writer_.Upserts("w1"), 1) << "missing";
-  EXPECT_EQ(writer_.Upserts("w2"), 1) << "different";
+  // (A key may be written twice: the informer's first list of the cache reports its store, which
+  // makes every key reconciled again.)
+  EXPECT_GE(writer_.Upserts("w1"), 1) << "missing";
+  EXPECT_GE(writer_.Upserts("w2"), 1) << "different";
   EXPECT_EQ(writer_.Upserts("w3"), 0) << "equal: not written";
   for (const v1::WriteRequest& w : writer_.Writes()) {
     ASSERT_TRUE(w.has_upsert());
     EXPECT_EQ(w.upsert().object().metadata().shard(), kShard);
     EXPECT_EQ(GvrKey(w.upsert().resource()), GvrKey(Widgets()));
   }
-  v1::Object w2 = writer_.Writes()[0].upsert().object().metadata().name() == "w2"
-                      ? writer_.Writes()[0].upsert().object()
-                      : writer_.Writes()[1].upsert().object();
+  v1::Object w2;
+  for (const v1::WriteRequest& w : writer_.Writes()) {
+    if (w.upsert().object().metadata().name() == "w2") w2 = w.upsert().object();
+  }
   EXPECT_EQ(w2.spec().fields().at("size").number_value(), 3);
 }
 
@@ -297,8 +300,8 @@ TEST_F(ReplicationControllerFakeTest, DeletesCopiesThatNothingBacks) {
             {Copy(LocalWidget("ghost", "10"), "3"), Copy(unmatched, "4"), Copy(matched, "5")},
             "tier=gold"));
   ASSERT_TRUE(Until([&] { return controller_->Pending() == 0; }, "in sync"));
-  EXPECT_EQ(writer_.Deletes("ghost"), 1) << "no local object";
-  EXPECT_EQ(writer_.Deletes("silver"), 1) << "not selected";
+  EXPECT_GE(writer_.Deletes("ghost"), 1) << "no local object";
+  EXPECT_GE(writer_.Deletes("silver"), 1) << "not selected";
   EXPECT_EQ(writer_.Deletes("gold"), 0);
   EXPECT_EQ(writer_.Upserts("gold"), 0);
   for (const v1::WriteRequest& w : writer_.Writes()) {
@@ -323,7 +326,7 @@ TEST_F(ReplicationControllerFakeTest, ChangeWhileAWriteIsInFlightIsReconciledAft
   EXPECT_EQ(writer_.WriteCount(), 1);
   EXPECT_EQ(controller_->Pending(), 1);
   writer_.Release();
-  ASSERT_TRUE(Until([&] { return writer_.Upserts("w1") == 2 && controller_->Pending() == 0; },
+  ASSERT_TRUE(Until([&] { return writer_.Upserts("w1") >= 2 && controller_->Pending() == 0; },
                     "the change is written after the answer"));
   EXPECT_EQ(writer_.Writes().back().upsert().object().spec().fields().at("size").number_value(), 4);
 }
@@ -348,8 +351,9 @@ TEST_F(ReplicationControllerFakeTest, UnavailableWritesAreParkedAndFlushedWhenAv
 TEST_F(ReplicationControllerFakeTest, OtherErrorsAreRetriedWithBackoff) {
   writer_.AnswerAll(absl::InternalError("disk full"));
   ASSERT_NO_FATAL_FAILURE(Start({LocalWidget("w1", "10")}, {}));
-  ASSERT_TRUE(Until([&] { return writer_.Upserts("w1") == 1; }, "the first attempt"));
+  ASSERT_TRUE(Until([&] { return writer_.Upserts("w1") >= 1; }, "the first attempt"));
   writer_.Drain();
+  int attempts = writer_.Upserts("w1");
   EXPECT_EQ(writer_.WhenAvailableWaiting(), 0) << "not parked";
   EXPECT_TRUE(writer_.Available());
   EXPECT_EQ(controller_->Pending(), 1);
@@ -358,7 +362,7 @@ TEST_F(ReplicationControllerFakeTest, OtherErrorsAreRetriedWithBackoff) {
   ASSERT_TRUE(Until(
       [&] {
         clock_.Advance(absl::Seconds(1));
-        return writer_.Upserts("w1") >= 2 && controller_->Pending() == 0;
+        return writer_.Upserts("w1") > attempts && controller_->Pending() == 0;
       },
       "retried"));
 }
