@@ -1,7 +1,7 @@
 // FakeShardStoreWriter: a ShardStoreWriter for tests of the CCR controller without a shard store.
 // It records every Update and UpdateStatus and answers as the test says: by default it "stores"
-// the request's object with the next revision of a counter as its resourceVersion (status
-// writes keep the metadata, finalizer writes keep the status, as the store does) and returns it;
+// the request's object as given, with the next revision of a counter as its resourceVersion,
+// and returns it (it keeps no objects: the caller sends the whole object in both cases);
 // Answer's function may return an error instead (ABORTED, a fenced error from
 // common/error_info.h, ...). OnStored hands each stored object to the test, e.g. to push it
 // into a scripted informer as the store's watch would.
