@@ -55,7 +55,23 @@
 
 namespace shardcache {
 
-class CacheWriter {
+// What the replicator's controllers use of a term's cache writer: the seam that lets them be
+// tested with a fake (shard_replicator/testing/fake_cache_writer.h). CacheWriter is the real one;
+// every implementation keeps CacheWriter's guarantees (see above): `done` called exactly once
+// when Write returns OK, never under a lock, Stopped() the only sign that the term ended.
+class CacheWriterInterface {
+ public:
+  using Done = std::function<void(const absl::Status&, const v1::WriteResponse&)>;
+
+  virtual ~CacheWriterInterface() = default;
+  virtual absl::Status Write(v1::WriteRequest request, Done done) = 0;
+  virtual void WhenAvailable(std::function<void()> fn) = 0;
+  virtual bool Available() const = 0;
+  virtual absl::Time UnavailableSince() const = 0;
+  virtual bool Stopped() const = 0;
+};
+
+class CacheWriter : public CacheWriterInterface {
  public:
   struct Options {
     std::string shard;
@@ -71,34 +87,32 @@ class CacheWriter {
     ReplicatorMetrics* metrics = nullptr;
   };
 
-  using Done = std::function<void(const absl::Status&, const v1::WriteResponse&)>;
-
   CacheWriter(std::shared_ptr<grpc::Channel> channel,
               std::shared_ptr<v1::Store::StubInterface> stub, Options options);
   // Stops (see Stop).
-  ~CacheWriter();
+  ~CacheWriter() override;
   CacheWriter(const CacheWriter&) = delete;
   CacheWriter& operator=(const CacheWriter&) = delete;
 
   // Sends `request` (see the guarantees above). Errors: CANCELLED after Stop; UNAVAILABLE while
   // the cache cannot be reached (WhenAvailable says when to try again).
-  absl::Status Write(v1::WriteRequest request, Done done) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Write(v1::WriteRequest request, Done done) override ABSL_LOCKS_EXCLUDED(mu_);
 
   // Calls `fn` once writes can flow: at once, on the caller's thread, when the writer is
   // available now; else on the writer's thread right after it has opened a new stream. Dropped
   // (never called) if the writer stops first.
-  void WhenAvailable(std::function<void()> fn) ABSL_LOCKS_EXCLUDED(mu_);
+  void WhenAvailable(std::function<void()> fn) override ABSL_LOCKS_EXCLUDED(mu_);
 
   // False from a write that failed because the cache could not be reached until writes resume.
-  bool Available() const ABSL_LOCKS_EXCLUDED(mu_);
+  bool Available() const override ABSL_LOCKS_EXCLUDED(mu_);
   // When the writer last became unavailable (InfinitePast while available).
-  absl::Time UnavailableSince() const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Time UnavailableSince() const override ABSL_LOCKS_EXCLUDED(mu_);
 
   // Stops sending: outstanding writes are answered CANCELLED (they may or may not have been
   // applied). Idempotent. Returns once no write can be sent any more.
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
   // True once Stop has begun: the term is ending.
-  bool Stopped() const ABSL_LOCKS_EXCLUDED(mu_);
+  bool Stopped() const override ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   bool StreamHealthyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -44,7 +44,7 @@ bool CreatedBefore(const v1::Object& a, const v1::Object& b) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CcrController>> CcrController::Start(Options options) {
-  if (options.shard_client == nullptr || options.shard_informers == nullptr ||
+  if (options.shard_writer == nullptr || options.shard_informers == nullptr ||
       options.cache_informers == nullptr || options.writer == nullptr || options.ccrs == nullptr ||
       options.cache_ccrs == nullptr || options.workers < 1) {
     return absl::InvalidArgumentError("CcrController: missing dependencies");
@@ -185,8 +185,8 @@ absl::StatusOr<v1::Object> CcrController::WriteShardStore(const v1::UpdateReques
                                                           bool status) {
   absl::ReaderMutexLock l(&write_gate_);
   if (!writes_open_) return absl::CancelledError("the leadership term ended");
-  return status ? options_.shard_client->UpdateStatus(request)
-                : options_.shard_client->Update(request);
+  return status ? options_.shard_writer->UpdateStatus(request)
+                : options_.shard_writer->Update(request);
 }
 
 void CcrController::CheckFenced(const absl::Status& status) {
@@ -343,57 +343,97 @@ void CcrController::SetSynced(int64_t pending, CcrState* state) const {
 CcrController::Next CcrController::Reconcile(const std::string& key) {
   auto [cluster, name] = SplitCcrKey(key);
   ObjectRef ccr = options_.ccrs->store().Get(key);
-  if (ccr == nullptr) {
-    TakeController(key).reset();
-    if (options_.metrics != nullptr) options_.metrics->RemoveCacheObjects(cluster, name);
-    SyncCopy(cluster, name, nullptr);
-    return Next::kDone;
-  }
+  if (ccr == nullptr) return ReconcileGone(cluster, name);
 
   CcrState state;
   state.generation = ccr->metadata().generation();
   state.epoch = options_.epoch;
   CcrInvalid invalid;
   absl::StatusOr<CcrSpec> spec = ParseCcrSpec(*ccr, &invalid);
-  ObjectRef duplicate_of = spec.ok() ? EarlierDuplicate(*ccr, *spec) : nullptr;
-  state.valid = spec.ok() && duplicate_of == nullptr;
+  ObjectRef duplicate_of = Validate(*ccr, spec, invalid, &state);
+  if (ccr->metadata().has_deletion_timestamp()) {
+    return ReconcileDeleting(*ccr, spec, state.valid, &state);
+  }
+  if (!HasFinalizer(*ccr)) return AddFinalizer(*ccr);
+  Next next = ReconcileReplication(key, *ccr, spec, duplicate_of, &state);
+  SetNotSynced(&state);
+  state.phase =
+      state.valid && state.started ? CcrState::Phase::kReady : CcrState::Phase::kInitializing;
+  absl::StatusOr<v1::Object> stored = Publish(*ccr, state);
+  if (!stored.ok()) return Next::kRetry;
+  return next;
+}
+
+CcrController::Next CcrController::ReconcileGone(const std::string& cluster,
+                                                 const std::string& name) {
+  TakeController(CcrKey(cluster, name)).reset();
+  if (options_.metrics != nullptr) options_.metrics->RemoveCacheObjects(cluster, name);
+  SyncCopy(cluster, name, nullptr);
+  return Next::kDone;
+}
+
+ObjectRef CcrController::Validate(const v1::Object& ccr, const absl::StatusOr<CcrSpec>& spec,
+                                  const CcrInvalid& invalid, CcrState* state) const {
+  const std::string& cluster = ccr.metadata().cluster();
+  ObjectRef duplicate_of = spec.ok() ? EarlierDuplicate(ccr, *spec) : nullptr;
+  state->valid = spec.ok() && duplicate_of == nullptr;
   if (!spec.ok()) {
-    state.valid_reason = invalid.reason;
-    state.valid_message = invalid.message;
+    state->valid_reason = invalid.reason;
+    state->valid_message = invalid.message;
   } else if (duplicate_of != nullptr) {
-    state.valid_reason = "DuplicateResource";
-    state.valid_message =
+    state->valid_reason = "DuplicateResource";
+    state->valid_message =
         absl::StrCat("clustercachedresource \"", duplicate_of->metadata().name(),
                      "\" in cluster \"", cluster, "\" already replicates ",
                      GroupResource(spec->resource), "; only the first one for a resource is used");
   } else {
-    state.valid_reason = "Valid";
-    state.valid_message = absl::StrCat(
+    state->valid_reason = "Valid";
+    state->valid_message = absl::StrCat(
         "replicates ", GvrKey(spec->resource), " in cluster \"", cluster, "\"",
         spec->selector_string.empty() ? std::string()
                                       : absl::StrCat(" matching \"", spec->selector_string, "\""));
   }
+  return duplicate_of;
+}
 
-  if (ccr->metadata().has_deletion_timestamp()) {
-    return ReconcileDeleting(*ccr, spec, state.valid, &state);
+CcrController::Next CcrController::AddFinalizer(const v1::Object& ccr) {
+  v1::UpdateRequest request;
+  *request.mutable_resource() = CcrResource();
+  *request.mutable_object() = ccr;
+  request.mutable_object()->mutable_metadata()->add_finalizers(kReplicatorFinalizer);
+  *request.mutable_fence() = Fence();
+  absl::StatusOr<v1::Object> updated = WriteShardStore(request, /*status=*/false);
+  if (!updated.ok()) {
+    CheckFenced(updated.status());
+    spdlog::warn("clustercachedresource {}|{}: adding the finalizer failed: {}",
+                 ccr.metadata().cluster(), ccr.metadata().name(), updated.status().ToString());
+    return Next::kRetry;
   }
-  if (!HasFinalizer(*ccr)) {
-    v1::UpdateRequest request;
-    *request.mutable_resource() = CcrResource();
-    *request.mutable_object() = *ccr;
-    request.mutable_object()->mutable_metadata()->add_finalizers(kReplicatorFinalizer);
-    *request.mutable_fence() = Fence();
-    absl::StatusOr<v1::Object> updated = WriteShardStore(request, /*status=*/false);
-    if (!updated.ok()) {
-      CheckFenced(updated.status());
-      spdlog::warn("clustercachedresource {}|{}: adding the finalizer failed: {}", cluster, name,
-                   updated.status().ToString());
-      return Next::kRetry;
-    }
-    return Next::kDone;  // the update comes back through the informer
-  }
+  return Next::kDone;  // the update comes back through the informer
+}
 
-  Next next = Next::kDone;
+CcrController::Next CcrController::ReconcileReplication(const std::string& key,
+                                                        const v1::Object& ccr,
+                                                        const absl::StatusOr<CcrSpec>& spec,
+                                                        const ObjectRef& duplicate_of,
+                                                        CcrState* state) {
+  const std::string& cluster = ccr.metadata().cluster();
+  absl::Status old_stop_reason = RetireController(key, cluster, spec, *state, duplicate_of);
+  if (!state->valid) {
+    state->started = false;
+    state->started_reason = "InvalidResource";
+    state->started_message = "nothing is replicated while ResourceValid is False";
+    return Next::kDone;
+  }
+  if (!options_.shard_informers->IsServed(spec->resource)) {
+    return ReconcileUnserved(*spec, cluster, state);
+  }
+  return ReconcileServed(key, ccr, *spec, old_stop_reason, state);
+}
+
+absl::Status CcrController::RetireController(const std::string& key, const std::string& cluster,
+                                             const absl::StatusOr<CcrSpec>& spec,
+                                             const CcrState& state, const ObjectRef& duplicate_of) {
   std::unique_ptr<ReplicationController> old;
   {
     absl::MutexLock l(&mu_);
@@ -408,130 +448,130 @@ CcrController::Next CcrController::Reconcile(const std::string& key) {
       }
     }
   }
-  absl::Status old_stop_reason = absl::OkStatus();
-  if (old != nullptr) {
-    old_stop_reason = old->Stopped() ? old->StopReason() : absl::OkStatus();
-    v1::GroupVersionResource old_resource = old->spec().resource;
-    old.reset();
-    // Copies under a resource that this CCR no longer names go.
-    if (!state.valid || GvrKey(old_resource) != GvrKey(spec->resource)) {
-      if (!state.valid && spec.ok() && duplicate_of != nullptr) {
-        // Another CCR owns the resource now: leave its copies alone.
-      } else {
-        Purge(old_resource, cluster);
-      }
-    }
-  }
-
-  if (!state.valid) {
-    state.started = false;
-    state.started_reason = "InvalidResource";
-    state.started_message = "nothing is replicated while ResourceValid is False";
-  } else if (!options_.shard_informers->IsServed(spec->resource)) {
-    state.started = false;
-    state.started_reason = "ResourceNotServed";
-    state.started_message = absl::StrCat(
-        "the shard does not serve ", GvrKey(spec->resource),
-        ": no ResourceDefinition defines it in this version; replication starts when one does");
-    int64_t left = Purge(spec->resource, cluster);
-    state.cache_count = std::max<int64_t>(left, 0);
-    next = Next::kRetry;
-  } else {
-    ReplicationController* running = nullptr;
-    {
-      absl::MutexLock l(&mu_);
-      auto it = controllers_.find(key);
-      if (it != controllers_.end()) running = it->second.get();
-    }
-    absl::Status failed = absl::OkStatus();
-    if (running == nullptr) {
-      ListWatchFilters local_filters;
-      local_filters.cluster = cluster;
-      absl::StatusOr<std::shared_ptr<SharedInformer>> local =
-          options_.shard_informers->ForResource(spec->resource, local_filters);
-      absl::StatusOr<std::shared_ptr<SharedInformer>> copies =
-          CacheInformer(spec->resource, cluster);
-      if (!local.ok()) {
-        failed = local.status();
-      } else if (!copies.ok()) {
-        failed = copies.status();
-      } else {
-        ReplicationController::Options o;
-        o.shard = options_.shard;
-        o.cluster = cluster;
-        o.ccr_name = name;
-        o.spec = *spec;
-        o.workers = options_.workers;
-        o.resync_period = options_.resync_period;
-        o.clock = options_.clock;
-        o.writer = options_.writer;
-        o.metrics = options_.metrics;
-        o.registry = options_.registry;
-        WorkQueue* queue = queue_.get();
-        o.on_stopped = [queue, key](const absl::Status&) { queue->Add(key); };
-        o.on_change = [queue, key] { queue->AddAfter(key, absl::Milliseconds(300)); };
-        absl::StatusOr<std::unique_ptr<ReplicationController>> started =
-            ReplicationController::Start(std::move(o), *local, *copies);
-        if (!started.ok()) {
-          failed = started.status();
-        } else {
-          running = started->get();
-          absl::MutexLock l(&mu_);
-          controllers_[key] = *std::move(started);
-        }
-      }
-    }
-    if (running == nullptr) {
-      state.started = false;
-      bool unserved = absl::IsNotFound(failed);
-      state.started_reason = unserved ? "ResourceNotServed" : "InformerStopped";
-      state.started_message = absl::StrCat(
-          unserved ? "the shard does not serve " : "the informers of ", GvrKey(spec->resource),
-          unserved ? "" : " are not available",
-          old_stop_reason.ok()
-              ? ""
-              : absl::StrCat(" (replication stopped: ", old_stop_reason.message(), ")"),
-          ": ", failed.message(), "; retrying");
-      next = Next::kRetry;
-    } else if (!running->HasSynced()) {
-      state.started = false;
-      state.started_reason = "WaitingForSync";
-      state.started_message = "replication waits for the informers' initial lists";
-      state.local_count = running->LocalCount();
-      state.cache_count = running->CacheCount();
-      next = Next::kSoon;
+  if (old == nullptr) return absl::OkStatus();
+  absl::Status old_stop_reason = old->Stopped() ? old->StopReason() : absl::OkStatus();
+  v1::GroupVersionResource old_resource = old->spec().resource;
+  old.reset();
+  // Copies under a resource that this CCR no longer names go.
+  if (!state.valid || GvrKey(old_resource) != GvrKey(spec->resource)) {
+    if (!state.valid && spec.ok() && duplicate_of != nullptr) {
+      // Another CCR owns the resource now: leave its copies alone.
     } else {
-      state.started = true;
-      state.started_reason = "Started";
-      state.local_count = running->LocalCount();
-      state.cache_count = running->CacheCount();
-      state.started_message =
-          absl::StrCat("replicating ", GvrKey(spec->resource), " into the cache");
-      SetSynced(running->Pending(), &state);
+      Purge(old_resource, cluster);
     }
   }
-  if (!state.started && state.synced_reason.empty()) {
-    state.synced_reason =
-        state.started_reason == "WaitingForSync" ? "WaitingForSync" : "NotReplicating";
-    state.synced_message = state.started_reason == "WaitingForSync"
-                               ? "the informers' initial lists are not complete yet"
-                               : "nothing is replicated while ReplicationStarted is False";
+  return old_stop_reason;
+}
+
+CcrController::Next CcrController::ReconcileUnserved(const CcrSpec& spec,
+                                                     const std::string& cluster, CcrState* state) {
+  state->started = false;
+  state->started_reason = "ResourceNotServed";
+  state->started_message = absl::StrCat(
+      "the shard does not serve ", GvrKey(spec.resource),
+      ": no ResourceDefinition defines it in this version; replication starts when one does");
+  int64_t left = Purge(spec.resource, cluster);
+  state->cache_count = std::max<int64_t>(left, 0);
+  return Next::kRetry;
+}
+
+CcrController::Next CcrController::ReconcileServed(const std::string& key, const v1::Object& ccr,
+                                                   const CcrSpec& spec,
+                                                   const absl::Status& old_stop_reason,
+                                                   CcrState* state) {
+  absl::StatusOr<ReplicationController*> running = EnsureController(key, ccr, spec);
+  if (!running.ok()) {
+    const absl::Status& failed = running.status();
+    state->started = false;
+    bool unserved = absl::IsNotFound(failed);
+    state->started_reason = unserved ? "ResourceNotServed" : "InformerStopped";
+    state->started_message =
+        absl::StrCat(unserved ? "the shard does not serve " : "the informers of ",
+                     GvrKey(spec.resource), unserved ? "" : " are not available",
+                     old_stop_reason.ok()
+                         ? ""
+                         : absl::StrCat(" (replication stopped: ", old_stop_reason.message(), ")"),
+                     ": ", failed.message(), "; retrying");
+    return Next::kRetry;
   }
-  state.phase =
-      state.valid && state.started ? CcrState::Phase::kReady : CcrState::Phase::kInitializing;
+  state->local_count = (*running)->LocalCount();
+  state->cache_count = (*running)->CacheCount();
+  if (!(*running)->HasSynced()) {
+    state->started = false;
+    state->started_reason = "WaitingForSync";
+    state->started_message = "replication waits for the informers' initial lists";
+    return Next::kSoon;
+  }
+  state->started = true;
+  state->started_reason = "Started";
+  state->started_message = absl::StrCat("replicating ", GvrKey(spec.resource), " into the cache");
+  SetSynced((*running)->Pending(), state);
+  return Next::kDone;
+}
+
+absl::StatusOr<ReplicationController*> CcrController::EnsureController(const std::string& key,
+                                                                       const v1::Object& ccr,
+                                                                       const CcrSpec& spec) {
+  {
+    absl::MutexLock l(&mu_);
+    auto it = controllers_.find(key);
+    if (it != controllers_.end()) return it->second.get();
+  }
+  const std::string& cluster = ccr.metadata().cluster();
+  ListWatchFilters local_filters;
+  local_filters.cluster = cluster;
+  absl::StatusOr<std::shared_ptr<SharedInformer>> local =
+      options_.shard_informers->ForResource(spec.resource, local_filters);
+  if (!local.ok()) return local.status();
+  absl::StatusOr<std::shared_ptr<SharedInformer>> copies = CacheInformer(spec.resource, cluster);
+  if (!copies.ok()) return copies.status();
+  ReplicationController::Options o;
+  o.shard = options_.shard;
+  o.cluster = cluster;
+  o.ccr_name = ccr.metadata().name();
+  o.spec = spec;
+  o.workers = options_.workers;
+  o.resync_period = options_.resync_period;
+  o.clock = options_.clock;
+  o.writer = options_.writer;
+  o.metrics = options_.metrics;
+  o.registry = options_.registry;
+  WorkQueue* queue = queue_.get();
+  o.on_stopped = [queue, key](const absl::Status&) { queue->Add(key); };
+  o.on_change = [queue, key] { queue->AddAfter(key, absl::Milliseconds(300)); };
+  absl::StatusOr<std::unique_ptr<ReplicationController>> started =
+      ReplicationController::Start(std::move(o), *local, *copies);
+  if (!started.ok()) return started.status();
+  ReplicationController* running = started->get();
+  absl::MutexLock l(&mu_);
+  controllers_[key] = *std::move(started);
+  return running;
+}
+
+void CcrController::SetNotSynced(CcrState* state) {
+  if (state->started || !state->synced_reason.empty()) return;
+  bool waiting = state->started_reason == "WaitingForSync";
+  state->synced_reason = waiting ? "WaitingForSync" : "NotReplicating";
+  state->synced_message = waiting ? "the informers' initial lists are not complete yet"
+                                  : "nothing is replicated while ReplicationStarted is False";
+}
+
+absl::StatusOr<v1::Object> CcrController::Publish(const v1::Object& ccr, const CcrState& state) {
+  const std::string& cluster = ccr.metadata().cluster();
+  const std::string& name = ccr.metadata().name();
   if (options_.metrics != nullptr) {
     options_.metrics->SetCacheObjects(cluster, name, state.cache_count);
   }
-  absl::StatusOr<v1::Object> stored = WriteStatus(*ccr, state);
+  absl::StatusOr<v1::Object> stored = WriteStatus(ccr, state);
   if (!stored.ok()) {
     if (!absl::IsAborted(stored.status())) {
       spdlog::warn("clustercachedresource {}|{}: writing the status failed: {}", cluster, name,
                    stored.status().ToString());
     }
-    return Next::kRetry;  // a conflict: the informer brings the newer CCR
+    return stored.status();  // a conflict: the informer brings the newer CCR
   }
   SyncCopy(cluster, name, &*stored);
-  return next;
+  return stored;
 }
 
 CcrController::Next CcrController::ReconcileDeleting(const v1::Object& ccr,
@@ -571,10 +611,15 @@ CcrController::Next CcrController::ReconcileDeleting(const v1::Object& ccr,
   if (!stored.ok()) return Next::kRetry;
   SyncCopy(cluster, name, &*stored);
   if (left != 0) return Next::kSoon;  // until the cache informer shows the copies gone
+  return RemoveFinalizer(*stored);
+}
 
+CcrController::Next CcrController::RemoveFinalizer(const v1::Object& ccr) {
+  const std::string& cluster = ccr.metadata().cluster();
+  const std::string& name = ccr.metadata().name();
   v1::UpdateRequest request;
   *request.mutable_resource() = CcrResource();
-  *request.mutable_object() = *stored;
+  *request.mutable_object() = ccr;
   auto* finalizers = request.mutable_object()->mutable_metadata()->mutable_finalizers();
   finalizers->erase(std::remove(finalizers->begin(), finalizers->end(), kReplicatorFinalizer),
                     finalizers->end());

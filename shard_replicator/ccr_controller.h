@@ -54,6 +54,7 @@
 #include "shard_replicator/cluster_cached_resource.h"
 #include "shard_replicator/replication_controller.h"
 #include "shard_replicator/replicator_metrics.h"
+#include "shard_replicator/shard_store_writer.h"
 
 namespace shardcache {
 
@@ -67,10 +68,11 @@ class CcrController {
     absl::Duration resync_period = absl::ZeroDuration();
     const Clock* clock = RealClock::Get();
     // Not owned; all must outlive the controller.
-    StoreClient* shard_client = nullptr;
+    // The CCRs' finalizer and status writes.
+    ShardStoreWriter* shard_writer = nullptr;
     DynamicInformerFactory* shard_informers = nullptr;
     DynamicInformerFactory* cache_informers = nullptr;
-    CacheWriter* writer = nullptr;
+    CacheWriterInterface* writer = nullptr;
     ReplicatorMetrics* metrics = nullptr;
     // CCRs in the shard store (every cluster), and their copies in the cache (this shard).
     std::shared_ptr<SharedInformer> ccrs;
@@ -100,9 +102,43 @@ class CcrController {
   // Enqueues the CCRs whose spec names `resource`; `reset` forgets their backoff.
   void EnqueueNaming(const v1::GroupVersionResource& resource, bool reset);
   void Worker();
+  // One reconcile of a CCR (see the file comment), in steps:
   Next Reconcile(const std::string& key);
+  // The CCR is gone: its controller stops, its copy is removed.
+  Next ReconcileGone(const std::string& cluster, const std::string& name);
+  // Validity: sets ResourceValid; returns the earlier CCR for the same resource, if any.
+  ObjectRef Validate(const v1::Object& ccr, const absl::StatusOr<CcrSpec>& spec,
+                     const CcrInvalid& invalid, CcrState* state) const;
+  // The finalizer, added to a CCR that is not being deleted.
+  Next AddFinalizer(const v1::Object& ccr);
+  // Replication: retires a controller that no longer fits, then sets ReplicationStarted (and
+  // Synced once replicating) from whether the resource is served and the controller runs.
+  Next ReconcileReplication(const std::string& key, const v1::Object& ccr,
+                            const absl::StatusOr<CcrSpec>& spec, const ObjectRef& duplicate_of,
+                            CcrState* state);
+  // Stops and removes the key's controller when its spec changed, the CCR became invalid, or
+  // it stopped by itself; purges the copies that the CCR no longer names. Returns why the
+  // controller had stopped by itself (OK otherwise).
+  absl::Status RetireController(const std::string& key, const std::string& cluster,
+                                const absl::StatusOr<CcrSpec>& spec, const CcrState& state,
+                                const ObjectRef& duplicate_of);
+  // Served: no controller, copies purged, ReplicationStarted=False (ResourceNotServed), retried.
+  Next ReconcileUnserved(const CcrSpec& spec, const std::string& cluster, CcrState* state);
+  // Served: the controller runs; ReplicationStarted once it has synced.
+  Next ReconcileServed(const std::string& key, const v1::Object& ccr, const CcrSpec& spec,
+                       const absl::Status& old_stop_reason, CcrState* state);
+  // The key's running controller, started if there is none.
+  absl::StatusOr<ReplicationController*> EnsureController(const std::string& key,
+                                                          const v1::Object& ccr,
+                                                          const CcrSpec& spec);
+  // Synced when nothing is replicated: WaitingForSync or NotReplicating.
+  static void SetNotSynced(CcrState* state);
+  // The status write (when it differs) and the CCR's copy; returns the CCR as now stored.
+  absl::StatusOr<v1::Object> Publish(const v1::Object& ccr, const CcrState& state);
+  // Deletion: Deleting, copies purged, Deleted, finalizer removed.
   Next ReconcileDeleting(const v1::Object& ccr, const absl::StatusOr<CcrSpec>& spec, bool owner,
                          CcrState* state);
+  Next RemoveFinalizer(const v1::Object& ccr);
   // The earliest other CCR of `ccr`'s cluster for the same group and resource, or null.
   ObjectRef EarlierDuplicate(const v1::Object& ccr, const CcrSpec& spec) const;
   // The cache informer of `resource`'s copies in `cluster` from this shard.

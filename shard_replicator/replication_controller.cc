@@ -28,7 +28,7 @@ struct ReplicationController::Shared {
   std::unique_ptr<WorkQueue> queue;  // thread-safe
   const Clock* clock = nullptr;
   ReplicatorMetrics* metrics = nullptr;
-  CacheWriter* writer = nullptr;  // thread-safe; outlives every write answer
+  CacheWriterInterface* writer = nullptr;  // thread-safe; outlives every write answer
   std::function<void()> on_change;
 
   absl::Mutex mu;

@@ -76,7 +76,7 @@ class ReplicationController {
     absl::Duration resync_period = absl::ZeroDuration();
     const Clock* clock = RealClock::Get();
     // Not owned; must outlive the controller.
-    CacheWriter* writer = nullptr;
+    CacheWriterInterface* writer = nullptr;
     ReplicatorMetrics* metrics = nullptr;
     // For the queue's metrics (name "replication"); may be null.
     std::shared_ptr<prometheus::Registry> registry;

@@ -82,6 +82,7 @@ absl::Status ShardReplicator::Init() {
   client.timeout = std::max(absl::Seconds(1), options_.lease_duration - options_.renew_deadline);
   ASSIGN_OR_RETURN(shard_client_, StoreClient::Create(shard_channel_, client));
   ASSIGN_OR_RETURN(cache_client_, StoreClient::Create(cache_channel_, client));
+  shard_writer_ = std::make_unique<StoreClientShardStoreWriter>(shard_client_.get());
 
   // After an outage of a store, its informers relist or resume within a few seconds of its
   // return, however long the outage (the reflector's default backoff grows to 30 s, doubled by
@@ -247,7 +248,7 @@ void ShardReplicator::RunTerm(Term* term) {
   c.workers = options_.workers;
   c.resync_period = options_.resync_period;
   c.clock = options_.clock;
-  c.shard_client = shard_client_.get();
+  c.shard_writer = shard_writer_.get();
   c.shard_informers = shard_informers_.get();
   c.cache_informers = cache_informers_.get();
   c.writer = term->writer.get();

@@ -33,6 +33,7 @@
 #include "shard_replicator/cache_writer.h"
 #include "shard_replicator/ccr_controller.h"
 #include "shard_replicator/replicator_metrics.h"
+#include "shard_replicator/shard_store_writer.h"
 
 namespace shardcache {
 
@@ -102,6 +103,7 @@ class ShardReplicator {
   std::shared_ptr<v1::Store::StubInterface> cache_stub_;
   std::unique_ptr<StoreClient> shard_client_;
   std::unique_ptr<StoreClient> cache_client_;
+  std::unique_ptr<ShardStoreWriter> shard_writer_;
   std::unique_ptr<DynamicInformerFactory> shard_informers_;
   std::unique_ptr<DynamicInformerFactory> cache_informers_;
   std::shared_ptr<SharedInformer> ccrs_;

@@ -159,16 +159,38 @@ v1::GroupVersionResource DynamicInformerFactory::DefinitionsResource() {
 absl::StatusOr<std::unique_ptr<DynamicInformerFactory>> DynamicInformerFactory::Create(
     std::shared_ptr<v1::Store::StubInterface> stub, Options options) {
   if (stub == nullptr) return absl::InvalidArgumentError("stub: Required value");
+  if (!options.follow_definitions) {
+    // Validate now the options every informer will use (following definitions, the
+    // definitions informer's creation does).
+    absl::StatusOr<std::unique_ptr<StoreListerWatcher>> lw =
+        StoreListerWatcher::Create(stub, DefinitionsResource(), {}, options.lister_watcher);
+    if (!lw.ok()) return lw.status();
+  }
+  StoreListerWatcher::Options lister_watcher = options.lister_watcher;
+  ListerWatcherSource source =
+      [stub = std::move(stub), lister_watcher](
+          const v1::GroupVersionResource& resource,
+          const ListWatchFilters& filters) -> absl::StatusOr<std::unique_ptr<ListerWatcher>> {
+    absl::StatusOr<std::unique_ptr<StoreListerWatcher>> lw =
+        StoreListerWatcher::Create(stub, resource, filters, lister_watcher);
+    if (!lw.ok()) return lw.status();
+    return std::unique_ptr<ListerWatcher>(*std::move(lw));
+  };
+  return Create(std::move(source), std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<DynamicInformerFactory>> DynamicInformerFactory::Create(
+    ListerWatcherSource source, Options options) {
+  if (source == nullptr) return absl::InvalidArgumentError("source: Required value");
   std::unique_ptr<DynamicInformerFactory> factory(
-      new DynamicInformerFactory(std::move(stub), std::move(options)));
+      new DynamicInformerFactory(std::move(source), std::move(options)));
   // Validates the options, and in follow_definitions mode starts the definitions informer.
   if (absl::Status s = factory->Start(); !s.ok()) return s;
   return factory;
 }
 
-DynamicInformerFactory::DynamicInformerFactory(std::shared_ptr<v1::Store::StubInterface> stub,
-                                               Options options)
-    : stub_(std::move(stub)),
+DynamicInformerFactory::DynamicInformerFactory(ListerWatcherSource source, Options options)
+    : source_(std::move(source)),
       options_(std::move(options)),
       notifier_(std::make_shared<Notifier>()) {}
 
@@ -176,9 +198,6 @@ absl::Status DynamicInformerFactory::Start() {
   if (!options_.follow_definitions) {
     // Validate now the options every informer will use.
     const SharedInformer::Options& o = options_.informer;
-    absl::StatusOr<std::unique_ptr<StoreListerWatcher>> lw =
-        StoreListerWatcher::Create(stub_, DefinitionsResource(), {}, options_.lister_watcher);
-    if (!lw.ok()) return lw.status();
     if (o.clock == nullptr) return absl::InvalidArgumentError("informer.clock: Required value");
     if (o.handler_buffer == 0) {
       return absl::InvalidArgumentError("informer.handler_buffer: must be positive");
@@ -340,8 +359,7 @@ Subscription DynamicInformerFactory::Subscribe(std::function<void(const Resource
 
 absl::StatusOr<std::shared_ptr<SharedInformer>> DynamicInformerFactory::NewInformer(
     const v1::GroupVersionResource& resource, const ListWatchFilters& filters) {
-  absl::StatusOr<std::unique_ptr<StoreListerWatcher>> lw =
-      StoreListerWatcher::Create(stub_, resource, filters, options_.lister_watcher);
+  absl::StatusOr<std::unique_ptr<ListerWatcher>> lw = source_(resource, filters);
   if (!lw.ok()) return lw.status();
   SharedInformer::Options informer_options = options_.informer;
   informer_options.name.clear();

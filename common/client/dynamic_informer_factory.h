@@ -24,6 +24,10 @@
 // Discovery can lag the store: right after a definition is created, ForResource may still say
 // NOT_FOUND; subscribers hear kServed once the factory has seen it.
 //
+// Where the informers list and watch is the factory's source (ListerWatcherSource): over a
+// store's stub (Create(stub, ...)) in the programs, or scripted ListerWatchers in tests
+// (common/testing/scripted_source.h).
+//
 // Thread-safety: every method may be called from any thread (including from listeners and from
 // informer handlers). Nothing here takes a leadership context: the factory lives for the whole
 // process; its destructor (process exit, tests) stops every informer it started.
@@ -56,6 +60,12 @@ struct ResourceEvent {
   v1::GroupVersionResource resource;
 };
 
+// Makes the ListerWatcher of one informer: `resource`'s objects that pass `filters`. Called
+// under the factory's lock, from any thread: it must not block or call into the factory. Errors
+// (e.g. INVALID_ARGUMENT) are ForResource's.
+using ListerWatcherSource = std::function<absl::StatusOr<std::unique_ptr<ListerWatcher>>(
+    const v1::GroupVersionResource& resource, const ListWatchFilters& filters)>;
+
 class DynamicInformerFactory {
  public:
   struct Options {
@@ -65,6 +75,7 @@ class DynamicInformerFactory {
     // For every informer the factory starts (the definitions informer included); `name` is
     // ignored (each informer is named after its resource and filters).
     SharedInformer::Options informer;
+    // For the StoreListerWatchers of Create(stub, ...); unused with another source.
     StoreListerWatcher::Options lister_watcher;
   };
 
@@ -72,6 +83,9 @@ class DynamicInformerFactory {
   // definitions informer starts now). `stub` is shared with the informers.
   static absl::StatusOr<std::unique_ptr<DynamicInformerFactory>> Create(
       std::shared_ptr<v1::Store::StubInterface> stub, Options options);
+  // The same over any source of ListerWatchers.
+  static absl::StatusOr<std::unique_ptr<DynamicInformerFactory>> Create(ListerWatcherSource source,
+                                                                        Options options);
   // Stops every informer it started and the notifier thread. REQUIRES: not called from a
   // subscriber's listener or from a handler of an informer of this factory.
   ~DynamicInformerFactory();
@@ -119,7 +133,7 @@ class DynamicInformerFactory {
     Subscription on_stopped;
   };
 
-  DynamicInformerFactory(std::shared_ptr<v1::Store::StubInterface> stub, Options options);
+  DynamicInformerFactory(ListerWatcherSource source, Options options);
   absl::Status Start();
   std::shared_ptr<ResourceEventHandler> DefinitionsHandler();
   // The definitions informer's handler: `definition` (null: deleted) now serves what it says.
@@ -136,7 +150,7 @@ class DynamicInformerFactory {
       const v1::GroupVersionResource& resource, const ListWatchFilters& filters);
 
   // Constant after construction.
-  const std::shared_ptr<v1::Store::StubInterface> stub_;
+  const ListerWatcherSource source_;
   const Options options_;
   // Provides its own synchronization.
   const std::shared_ptr<Notifier> notifier_;

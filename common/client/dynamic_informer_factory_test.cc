@@ -1,6 +1,7 @@
 // DynamicInformerFactory against a real cache_server: informers for served resources only, stop
 // (with their users told) when the definition goes, NEW informers when it comes back, and
-// resource lifecycle events for subscribers.
+// resource lifecycle events for subscribers. One test builds it over scripted ListerWatchers
+// instead (its source seam), with no server.
 
 #include "common/client/dynamic_informer_factory.h"
 
@@ -15,7 +16,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/testing/objects.h"
+#include "common/testing/scripted_source.h"
 #include "common/testing/server_process.h"
 #include "common/testing/status_matchers.h"
 #include "common/testing/wait.h"
@@ -388,6 +391,57 @@ TEST_F(DynamicInformerFactoryTest, Destruction_StopsItsInformers_AndTellsTheirUs
   EXPECT_TRUE(informer->IsStopped());
   EXPECT_THAT(user.StopReasons(), ElementsAre(StatusIs(absl::StatusCode::kCancelled,
                                                        HasSubstr("DynamicInformerFactory"))));
+}
+
+// Over a scripted source, the factory follows the definitions it lists and watches, and its
+// informers read the scripted ListerWatchers of their resource and filters: no server.
+TEST(DynamicInformerFactoryScriptedTest, FollowsDefinitionsFromItsSource) {
+  testing::ScriptedSource source(RealClock::Get());
+  v1::Object definition;
+  definition.mutable_metadata()->set_name("widgets.example.com");
+  definition.mutable_metadata()->set_resource_version("1");
+  google::protobuf::Struct& spec = *definition.mutable_spec();
+  (*spec.mutable_fields())["group"].set_string_value("example.com");
+  (*(*spec.mutable_fields())["names"].mutable_struct_value()->mutable_fields())["plural"]
+      .set_string_value("widgets");
+  (*spec.mutable_fields())["scope"].set_string_value("Namespaced");
+  google::protobuf::Struct v1;
+  (*v1.mutable_fields())["name"].set_string_value("v1");
+  *(*spec.mutable_fields())["versions"].mutable_list_value()->add_values()->mutable_struct_value() =
+      v1;
+  source.For(DynamicInformerFactory::DefinitionsResource())
+      ->SetListObjects("store-1", "1", {definition});
+  ListWatchFilters filters;
+  filters.cluster = "root";
+  v1::Object widget;
+  widget.mutable_metadata()->set_cluster("root");
+  widget.mutable_metadata()->set_namespace_("default");
+  widget.mutable_metadata()->set_name("w1");
+  widget.mutable_metadata()->set_resource_version("5");
+  const v1::GroupVersionResource widgets = Gvr("example.com", "v1", "widgets");
+  source.For(widgets, filters)->SetListObjects("store-1", "5", {widget});
+
+  auto factory = DynamicInformerFactory::Create(source.Source(), {});
+  ASSERT_THAT(factory.status(), IsOk());
+  ASSERT_TRUE((*factory)->WaitForSync(kWait));
+  EXPECT_TRUE((*factory)->IsServed(widgets));
+  EXPECT_THAT((*factory)->ForResource(Gvr("example.com", "v1", "gadgets")).status(),
+              StatusIs(absl::StatusCode::kNotFound));
+  auto informer = (*factory)->ForResource(widgets, filters);
+  ASSERT_THAT(informer.status(), IsOk());
+  ASSERT_TRUE((*informer)->WaitForSync(kWait));
+  EXPECT_EQ((*informer)->store().Size(), 1u);
+  EXPECT_EQ(source.Taken(widgets, filters), 1);
+
+  // The definition goes: the informer stops with NOT_FOUND.
+  v1::WatchEvent deleted;
+  deleted.set_type(v1::WatchEvent::DELETED);
+  *deleted.mutable_object() = definition;
+  ASSERT_TRUE(testing::PushWhenWatching(*source.For(DynamicInformerFactory::DefinitionsResource()),
+                                        deleted));
+  ASSERT_TRUE(Eventually([&] { return (*informer)->IsStopped(); }, kWait, "the informer stops"));
+  EXPECT_THAT((*informer)->StopReason(), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_FALSE((*factory)->IsServed(widgets));
 }
 
 }  // namespace
