@@ -53,7 +53,7 @@ class Clock {
   // *mu is released by another thread (so whatever makes it true must change under *mu).
   // REQUIRES: *mu is held by the caller, and is not held by a thread that moves a FakeClock.
   virtual bool AwaitWithDeadline(absl::Mutex* mu, const absl::Condition& cond,
-                                 absl::Time deadline) const = 0;
+                                 absl::Time deadline) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) = 0;
 
   // Sleeps until this clock reaches `deadline` or `token` is cancelled. Returns true when the
   // deadline was reached, false when cancelled (also when cancelled already).
@@ -63,8 +63,8 @@ class Clock {
 class RealClock : public Clock {
  public:
   absl::Time Now() const override { return absl::Now(); }
-  bool AwaitWithDeadline(absl::Mutex* mu, const absl::Condition& cond,
-                         absl::Time deadline) const override;
+  bool AwaitWithDeadline(absl::Mutex* mu, const absl::Condition& cond, absl::Time deadline) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) override;
   // A process-wide instance; never destroyed.
   static RealClock* Get() {
     static RealClock* clock = new RealClock();
@@ -84,8 +84,8 @@ class FakeClock : public Clock {
   ~FakeClock() override;
 
   absl::Time Now() const override ABSL_LOCKS_EXCLUDED(mu_);
-  bool AwaitWithDeadline(absl::Mutex* mu, const absl::Condition& cond,
-                         absl::Time deadline) const override ABSL_LOCKS_EXCLUDED(mu_);
+  bool AwaitWithDeadline(absl::Mutex* mu, const absl::Condition& cond, absl::Time deadline) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) ABSL_LOCKS_EXCLUDED(mu_) override;
 
   // Moves time forward by `d` (Set(Now() + d)).
   void Advance(absl::Duration d) ABSL_LOCKS_EXCLUDED(mu_);
