@@ -7,8 +7,8 @@
 #         (ctest -LE "process|faults|soak": not the process, fault and soak suites), with the
 #         cache_server they start built the same way.
 #   tsan  build-tsan/: clang with ThreadSanitizer; builds and runs only the concurrency suites
-#         (ctest label "concurrency": informers, work queue, leader elector, watch cache, object
-#         store, write stream) and the cache_server they start.
+#         (ctest label "concurrency": clock, informers, reflector liveness, work queue, leader
+#         elector, watch cache, object store, write stream) and the cache_server they start.
 #
 #   scripts/check.sh            both stages
 #   scripts/check.sh tsan       only the named stages
@@ -74,7 +74,8 @@ for stage in "${stages[@]}"; do
       configure "$dir" thread -DSHARDCACHE_BUILD_BENCH=OFF -DSHARDCACHE_BUILD_PROCESS_TESTS=OFF
       # Only what the concurrency suites need: the tests and the server they start.
       targets=(cache_server write_stream_test shared_informer_test dynamic_informer_factory_test
-        work_queue_test leader_elector_test watch_cache_test object_store_test)
+        work_queue_test leader_elector_test watch_cache_test object_store_test clock_test
+        reflector_liveness_test)
       cmake --build "$dir" -j"$(nproc)" --target "${targets[@]}"
       reports="$root/$dir/sanitizer-reports"
       rm -rf "$reports" && mkdir -p "$reports"

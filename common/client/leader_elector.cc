@@ -368,37 +368,30 @@ void LeaderElector::LoopThread() {
 }
 
 void LeaderElector::WatchdogThread() {
+  const Clock* clock = config_.clock;
   mu_.Lock();
   while (!stopping_) {
     if (!leading_) {
-      mu_.Await(absl::Condition(this, &LeaderElector::StoppingOrLeading));
+      clock->AwaitWithDeadline(&mu_, absl::Condition(this, &LeaderElector::StoppingOrLeading),
+                               absl::InfiniteFuture());
       continue;
     }
-    absl::Duration left = last_renew_ + config_.renew_deadline - config_.clock->Now();
-    if (left <= absl::ZeroDuration()) {
-      mu_.Unlock();
-      CheckRenewDeadline();
-      mu_.Lock();
-      continue;
-    }
-    if (mu_.AwaitWithTimeout(absl::Condition(this, &LeaderElector::StoppingOrResigning), left) &&
-        !stopping_) {
-      mu_.Unlock();
-      CheckRenewDeadline();
-      mu_.Lock();
-    }
+    // Woken at the renew deadline of the last renewal seen when it started to wait (a renewal
+    // meanwhile moves the deadline: it then waits again), or at once by Stop or Resign.
+    clock->AwaitWithDeadline(&mu_, absl::Condition(this, &LeaderElector::StoppingOrResigning),
+                             last_renew_ + config_.renew_deadline);
+    if (stopping_) break;
+    mu_.Unlock();
+    CheckRenewDeadline();
+    mu_.Lock();
   }
   mu_.Unlock();
 }
 
 bool LeaderElector::WaitUntil(absl::Time t) {
   absl::MutexLock l(&mu_);
-  while (!stopping_) {
-    absl::Duration left = t - config_.clock->Now();
-    if (left <= absl::ZeroDuration()) return true;
-    mu_.AwaitWithTimeout(absl::Condition(&stopping_), left);
-  }
-  return false;
+  config_.clock->AwaitWithDeadline(&mu_, absl::Condition(&stopping_), t);
+  return !stopping_;
 }
 
 absl::Duration LeaderElector::JitteredRetryPeriod() {

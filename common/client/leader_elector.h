@@ -51,8 +51,13 @@
 // on a term's CancellationToken run on the thread that ends the term, possibly the watchdog, and
 // may overlap with on_started_leading if the term ends while that still runs.)
 //
+// Time: every wait of the elector's threads (the loop's retry period, the watchdog's renew
+// deadline) is a wait on config.clock, so a test on a FakeClock drives the elector by advancing
+// the clock: once Run() has started it, each running elector has exactly two threads waiting on
+// the clock whenever it is idle (FakeClock::AwaitWaiters).
+//
 // Thread-safety: IsLeader, GetLeader, Epoch and Stop may be called from any thread (Stop not from
-// a callback). Step is for tests that drive the elector by hand with a FakeClock.
+// a callback).
 #ifndef SHARDCACHE_COMMON_CLIENT_LEADER_ELECTOR_H_
 #define SHARDCACHE_COMMON_CLIENT_LEADER_ELECTOR_H_
 
@@ -109,7 +114,8 @@ class LeaderElector {
     // On Stop() while leading, write the lease as free (after on_stopped_leading returns).
     bool release_on_cancel = true;
     LeaderCallbacks callbacks;
-    // Where "now" comes from; not owned, must outlive the elector.
+    // Where "now" comes from, and what the elector's threads wait on; not owned, must outlive
+    // the elector.
     const Clock* clock = RealClock::Get();
     // Optional: exports shardcache_leader_election_leading (gauge: 1 from the return of a term's
     // on_started_leading until its on_stopped_leading has returned, so 0 means the term's work
@@ -137,14 +143,9 @@ class LeaderElector {
   // last record seen names this identity. Idempotent. REQUIRES: not called from a callback.
   void Stop() ABSL_LOCKS_EXCLUDED(mu_, callback_mu_);
 
-  // One iteration of the loop: end the term if the renew deadline has passed, then try to
-  // acquire or renew once, and start or end a term accordingly (running the callbacks). Run()
-  // calls it every RetryPeriod. For tests with a FakeClock. REQUIRES: Run() was not called.
-  void Step() ABSL_LOCKS_EXCLUDED(mu_, callback_mu_);
-
   // Ends the current term if its epoch is `epoch` (the leader's work learnt that it must stop,
   // e.g. a store rejected its writes as fenced by a newer epoch). Returns at once: the watchdog
-  // thread (or, without Run(), the next Step()) ends the term as it does at the renew deadline.
+  // thread (or the loop's next attempt) ends the term as it does at the renew deadline.
   // The elector keeps competing and may lead again in a new term, with a new epoch. Does nothing
   // when that term has already ended. Any thread, including the leader's work and callbacks.
   void Resign(int64_t epoch, absl::string_view why) ABSL_LOCKS_EXCLUDED(mu_);
@@ -158,6 +159,11 @@ class LeaderElector {
 
  private:
   explicit LeaderElector(Config config);
+
+  // One iteration of the loop: end the term if the renew deadline has passed, then try to
+  // acquire or renew once, and start or end a term accordingly (running the callbacks). The loop
+  // thread calls it every RetryPeriod.
+  void Step() ABSL_LOCKS_EXCLUDED(mu_, callback_mu_);
 
   // The outcome of one TryAcquireOrRenew.
   enum class Attempt { kNone, kAcquired, kRenewed, kLost };

@@ -1,6 +1,6 @@
-// Unit tests of LeaderElector (driven step by step on a FakeClock over an in-memory lock), of the
-// lease record's JSON form, and of CancellationToken. leader_election_process_test.cc runs
-// electors against a real cache_server.
+// Unit tests of LeaderElector (running, over an in-memory lock, on a FakeClock per replica that the
+// test advances), of the lease record's JSON form, and of CancellationToken.
+// leader_election_process_test.cc runs electors against a real cache_server.
 #include "common/client/leader_elector.h"
 
 #include <gmock/gmock.h>
@@ -150,9 +150,16 @@ LeaderElectionRecord Held(const std::string& holder, int64_t transitions, absl::
 
 // ---- Fixture: replicas on one FakeClock, stepped by hand ----
 
-// One elector and what its callbacks saw. Callbacks run on the stepping thread in these tests.
+// The start of every replica's clock.
+const absl::Time kStart = absl::FromUnixSeconds(1'700'000'000);
+
+// One elector, its own clock (no replica trusts another's), and what its callbacks saw. The
+// callbacks run on the elector's threads (or on the thread that calls Stop) and write under `mu`;
+// the test reads once the elector waits on its clock again (StepAt), or under `mu`.
 struct Replica {
   std::shared_ptr<FakeLock> lock;
+  FakeClock clock{kStart};
+  mutable absl::Mutex mu;
   std::vector<int64_t> started;  // epochs, in order
   std::vector<absl::Time> start_times;
   std::vector<absl::Time> stop_times;
@@ -160,35 +167,48 @@ struct Replica {
   std::optional<CancellationToken> token;  // the latest term's
   bool token_cancelled_at_stop = false;
   std::optional<LeaderElectionRecord> record_at_stop;  // the store's record when stopping
+  bool running = false;                                // Run() was called
   // Last: destroyed first, while what its callbacks write to still exists.
   std::unique_ptr<LeaderElector> elector;
 
-  int stopped() const { return static_cast<int>(stop_times.size()); }
+  int stopped() const {
+    absl::MutexLock l(&mu);
+    return static_cast<int>(stop_times.size());
+  }
 };
 
 class LeaderElectorTest : public ::testing::Test {
  protected:
   static absl::Time At(double seconds) { return kStart + absl::Seconds(seconds); }
 
+  // A retry period of 1 ms: each time the test moves a replica's clock (by 1 ms or more), the
+  // replica makes exactly one attempt, at that time, as the test's timeline says.
   LeaderElector::Config BaseConfig(Replica* r) {
     LeaderElector::Config c;
     c.lock = r->lock;
-    c.clock = &clock_;
-    c.callbacks.on_started_leading = [this, r](LeadingContext ctx) {
+    c.clock = &r->clock;
+    c.retry_period = absl::Milliseconds(1);
+    c.callbacks.on_started_leading = [r](LeadingContext ctx) {
+      absl::MutexLock l(&r->mu);
       r->started.push_back(ctx.epoch);
-      r->start_times.push_back(clock_.Now());
+      r->start_times.push_back(r->clock.Now());
       r->token = ctx.cancellation;
     };
     c.callbacks.on_stopped_leading = [this, r] {
-      r->stop_times.push_back(clock_.Now());
+      absl::MutexLock l(&r->mu);
+      r->stop_times.push_back(r->clock.Now());
       r->token_cancelled_at_stop = r->token.has_value() && r->token->Cancelled();
       r->record_at_stop = store_->Read();
     };
-    c.callbacks.on_new_leader = [r](const std::string& id) { r->new_leaders.push_back(id); };
+    c.callbacks.on_new_leader = [r](const std::string& id) {
+      absl::MutexLock l(&r->mu);
+      r->new_leaders.push_back(id);
+    };
     return c;
   }
 
-  // A replica with the default timings (15 s / 10 s / 2 s), unless `tweak` changes them.
+  // A replica with client-go's lease duration and renew deadline (15 s / 10 s), unless `tweak`
+  // changes them. Not running until its first StepAt.
   std::unique_ptr<Replica> MakeReplica(
       const std::string& identity,
       const std::function<void(LeaderElector::Config*)>& tweak = nullptr) {
@@ -202,16 +222,26 @@ class LeaderElectorTest : public ::testing::Test {
     return r;
   }
 
-  // Steps `r` at every multiple of `period` after `from` up to and including `to`.
-  void StepEvery(const std::vector<Replica*>& rs, double from, double to, double period) {
+  // Moves `r`'s clock to `t` (at least 1 ms after its last attempt), or starts it there, and
+  // returns once its loop has made its attempt and its two threads wait on the clock again
+  // (the watchdog too, if the renew deadline was reached).
+  static void StepAt(Replica* r, double t) {
+    r->clock.Set(At(t));
+    if (!r->running) {
+      r->running = true;
+      r->elector->Run();
+    }
+    ASSERT_TRUE(r->clock.AwaitWaiters(2)) << "the elector waits on its clock again";
+  }
+
+  // Steps each of `rs`, in order, at every multiple of `period` after `from` up to and including
+  // `to`.
+  static void StepEvery(const std::vector<Replica*>& rs, double from, double to, double period) {
     for (double t = from; t <= to + 1e-9; t += period) {
-      clock_.Set(At(t));
-      for (Replica* r : rs) r->elector->Step();
+      for (Replica* r : rs) StepAt(r, t);
     }
   }
 
-  static inline const absl::Time kStart = absl::FromUnixSeconds(1'700'000'000);
-  FakeClock clock_{kStart};
   std::shared_ptr<FakeLeaseStore> store_ = std::make_shared<FakeLeaseStore>();
 };
 
@@ -287,7 +317,7 @@ TEST_F(LeaderElectorTest, Create_ValidatesConfigAsClientGo) {
 
 TEST_F(LeaderElectorTest, Acquire_NoLeaseObject_CreatesItWithEpochOne) {
   auto a = MakeReplica("a");
-  a->elector->Step();
+  StepAt(a.get(), 0);
   EXPECT_TRUE(a->elector->IsLeader());
   EXPECT_EQ(a->elector->Epoch(), 1);
   EXPECT_THAT(a->started, ElementsAre(1));
@@ -302,7 +332,7 @@ TEST_F(LeaderElectorTest, Acquire_ReleasedLease_AtOnceWithNextEpoch) {
   released.lease_duration = absl::Seconds(1);
   store_->Put(released);
   auto a = MakeReplica("a");
-  a->elector->Step();
+  StepAt(a.get(), 0);
   EXPECT_TRUE(a->elector->IsLeader());
   EXPECT_THAT(a->started, ElementsAre(6));
   EXPECT_EQ(store_->Read()->leader_transitions, 6);
@@ -313,17 +343,15 @@ TEST_F(LeaderElectorTest, Acquire_OthersLease_WaitsLeaseDurationFromObservationN
   // lease counts as expired 15 s after this replica first saw this version of the record.
   store_->Put(Held("x", 3, At(-3600)));
   auto b = MakeReplica("b");
-  b->elector->Step();
+  StepAt(b.get(), 0);
   EXPECT_FALSE(b->elector->IsLeader());
   EXPECT_EQ(b->elector->GetLeader(), "x");
   EXPECT_THAT(b->new_leaders, ElementsAre("x"));
 
-  clock_.Set(At(14.999));
-  b->elector->Step();
+  StepAt(b.get(), 14.999);
   EXPECT_FALSE(b->elector->IsLeader());
 
-  clock_.Set(At(15));
-  b->elector->Step();
+  StepAt(b.get(), 15);
   EXPECT_TRUE(b->elector->IsLeader());
   EXPECT_THAT(b->started, ElementsAre(4));
   EXPECT_THAT(b->start_times, ElementsAre(At(15)));
@@ -336,11 +364,9 @@ TEST_F(LeaderElectorTest, Acquire_HoldersRenewal_RestartsTheExpiry) {
   StepEvery({b.get()}, 0, 8, 2);
   store_->Put(Held("x", 3, At(9)));  // x renews; b sees it at its next step, t=10
   StepEvery({b.get()}, 10, 24, 2);
-  clock_.Set(At(24.999));
-  b->elector->Step();
+  StepAt(b.get(), 24.999);
   EXPECT_FALSE(b->elector->IsLeader());
-  clock_.Set(At(25));
-  b->elector->Step();
+  StepAt(b.get(), 25);
   EXPECT_TRUE(b->elector->IsLeader());
   EXPECT_THAT(b->started, ElementsAre(4));
 }
@@ -348,7 +374,7 @@ TEST_F(LeaderElectorTest, Acquire_HoldersRenewal_RestartsTheExpiry) {
 TEST_F(LeaderElectorTest, Acquire_LeaseWithEmptySpec_IsFree) {
   store_->Put(LeaderElectionRecord{});
   auto a = MakeReplica("a");
-  a->elector->Step();
+  StepAt(a.get(), 0);
   EXPECT_THAT(a->started, ElementsAre(1));
 }
 
@@ -376,11 +402,9 @@ TEST_F(LeaderElectorTest, Renew_FailingFromT2_StopsLeadingExactlyAtRenewDeadline
   StepEvery({a.get(), b.get()}, 0, 2, 2);  // acquire at 0, renew at 2
   a->lock->SetFailing(true);
   StepEvery({a.get(), b.get()}, 4, 10, 2);
-  clock_.Set(At(11.999));
-  a->elector->Step();
+  StepAt(a.get(), 11.999);
   EXPECT_TRUE(a->elector->IsLeader()) << "still within 10 s of the renewal that started at 2";
-  clock_.Set(At(12));
-  a->elector->Step();
+  StepAt(a.get(), 12);
   EXPECT_FALSE(a->elector->IsLeader());
   EXPECT_EQ(a->elector->Epoch(), 0);
   EXPECT_THAT(a->stop_times, ElementsAre(At(12)));
@@ -399,33 +423,31 @@ TEST_F(LeaderElectorTest, Renew_FailingFromT2_StopsLeadingExactlyAtRenewDeadline
 
 TEST_F(LeaderElectorTest, Renew_AnotherHolderAppears_StopsLeadingAtOnce) {
   auto a = MakeReplica("a");
-  a->elector->Step();
+  StepAt(a.get(), 0);
   store_->Put(Held("x", 7, At(0)));  // taken over by hand
-  clock_.Set(At(2));
-  a->elector->Step();
+  StepAt(a.get(), 2);
   EXPECT_FALSE(a->elector->IsLeader());
   EXPECT_THAT(a->stop_times, ElementsAre(At(2)));
   EXPECT_THAT(a->new_leaders, ElementsAre("a", "x"));
   EXPECT_EQ(store_->Read()->holder_identity, "x") << "the loser does not write";
 }
 
-TEST_F(LeaderElectorTest, Resign_EndsTheTermAtNextStep_ThenLeadsAgainWithHigherEpoch) {
+TEST_F(LeaderElectorTest, Resign_WatchdogEndsTheTermAtOnce_ThenLeadsAgainWithHigherEpoch) {
   auto a = MakeReplica("a");
-  a->elector->Step();
+  StepAt(a.get(), 0);
   ASSERT_THAT(a->started, ElementsAre(1));
   a->elector->Resign(7, "not this term's epoch");  // ignored: another term
   a->elector->Resign(1, "fenced");
-  EXPECT_TRUE(a->elector->IsLeader()) << "without Run(), the next Step ends the term";
-  clock_.Set(At(1));
-  a->elector->Step();
-  EXPECT_THAT(a->stop_times, ElementsAre(At(1)));
+  // The watchdog ends the term without waiting for the clock.
+  ASSERT_TRUE(Eventually([&] { return a->stopped() == 1; }, "the resigned term ends"));
+  EXPECT_THAT(a->stop_times, ElementsAre(At(0)));
   EXPECT_TRUE(a->token_cancelled_at_stop);
-  // The same step finds the lease still this replica's and starts a new term.
+  StepAt(a.get(), 1);
+  // The next attempt finds the lease still this replica's and starts a new term.
   EXPECT_THAT(a->started, ElementsAre(1, 2));
   EXPECT_EQ(a->elector->Epoch(), 2);
   a->elector->Resign(1, "stale");  // the old term's resignation does not touch the new one
-  clock_.Set(At(2));
-  a->elector->Step();
+  StepAt(a.get(), 2);
   EXPECT_EQ(a->stopped(), 1);
   EXPECT_TRUE(a->elector->IsLeader());
 }
@@ -433,15 +455,13 @@ TEST_F(LeaderElectorTest, Resign_EndsTheTermAtNextStep_ThenLeadsAgainWithHigherE
 TEST_F(LeaderElectorTest, Renew_LeaseDeleted_EndsTermAndRecreatesAboveEpochsSeen) {
   store_->Put(Held("", 2, At(0)));
   auto a = MakeReplica("a");
-  a->elector->Step();
+  StepAt(a.get(), 0);
   EXPECT_THAT(a->started, ElementsAre(3));
   store_->Delete();
-  clock_.Set(At(2));
-  a->elector->Step();
+  StepAt(a.get(), 2);
   EXPECT_FALSE(a->elector->IsLeader());
   EXPECT_EQ(a->stopped(), 1);
-  clock_.Set(At(4));
-  a->elector->Step();
+  StepAt(a.get(), 4);
   EXPECT_THAT(a->started, ElementsAre(3, 4));
 }
 
@@ -463,7 +483,7 @@ TEST_F(LeaderElectorTest, Stop_WhileLeading_EndsTermThenReleases_StandbyAcquires
   EXPECT_EQ(released.lease_duration, absl::Seconds(1));
   EXPECT_EQ(released.leader_transitions, 1);
 
-  b->elector->Step();  // same instant
+  StepAt(b.get(), 4.001);  // b's next attempt
   EXPECT_THAT(b->started, ElementsAre(2));
   a->elector->Stop();  // idempotent
   EXPECT_EQ(a->stopped(), 1);
@@ -484,7 +504,7 @@ TEST_F(LeaderElectorTest, Stop_WithoutRelease_StandbyWaitsForExpiry) {
 
 TEST_F(LeaderElectorTest, Destroy_WhileLeading_StopsAndReleases) {
   auto a = MakeReplica("a");
-  a->elector->Step();
+  StepAt(a.get(), 0);
   a->elector.reset();
   EXPECT_EQ(a->stopped(), 1);
   EXPECT_EQ(store_->Read()->holder_identity, "");
@@ -524,8 +544,7 @@ TEST_F(LeaderElectorTest, Epoch_StrictlyIncreasesAcrossTerms_IncludingSameIdenti
   // at once, as a new term.
   a->elector.reset();
   auto a2 = MakeReplica("a");
-  clock_.Set(At(31));
-  a2->elector->Step();
+  StepAt(a2.get(), 31);
   EXPECT_THAT(a2->started, ElementsAre(5));
 
   epochs.insert(epochs.end(),
@@ -541,8 +560,7 @@ TEST_F(LeaderElectorTest, OnNewLeader_CalledOncePerObservedChange) {
   auto b = MakeReplica("b");
   StepEvery({a.get(), b.get()}, 0, 10, 2);  // a leads; b sees it once
   a->elector->Stop();                       // released: b will see "" only if it reads it
-  clock_.Set(At(11));
-  b->elector->Step();  // reads "" then acquires: the last observed holder is b
+  StepAt(b.get(), 11);                      // reads "" then acquires: the last observed holder is b
   EXPECT_THAT(b->new_leaders, ElementsAre("a", "b"));
   EXPECT_THAT(a->new_leaders, ElementsAre("a"));
 }
@@ -550,12 +568,11 @@ TEST_F(LeaderElectorTest, OnNewLeader_CalledOncePerObservedChange) {
 TEST_F(LeaderElectorTest, OnNewLeader_ReportsReleaseAsEmptyIdentity) {
   auto a = MakeReplica("a");
   auto b = MakeReplica("b");
-  a->elector->Step();
-  b->elector->Step();
+  StepAt(a.get(), 0);
+  StepAt(b.get(), 0);
   a->elector->Stop();
   b->lock->SetFailingWrites(true);  // b sees the release but cannot take the lease
-  clock_.Set(At(2));
-  b->elector->Step();
+  StepAt(b.get(), 2);
   EXPECT_FALSE(b->elector->IsLeader());
   EXPECT_EQ(b->elector->GetLeader(), "");
   EXPECT_THAT(b->new_leaders, ElementsAre("a", ""));
@@ -563,9 +580,9 @@ TEST_F(LeaderElectorTest, OnNewLeader_ReportsReleaseAsEmptyIdentity) {
 
 TEST_F(LeaderElectorTest, StartedLeading_ContextCancelledWhenTermEnds) {
   auto a = MakeReplica("a");
-  a->elector->Step();
+  StepAt(a.get(), 0);
   ASSERT_TRUE(a->token.has_value());
-  bool called = false;
+  std::atomic<bool> called{false};
   a->token->OnCancelled([&] { called = true; });
   EXPECT_FALSE(a->token->Cancelled());
   a->lock->SetFailing(true);
@@ -589,7 +606,7 @@ TEST_F(LeaderElectorTest, Metrics_LeadingGaugeAndTermsCounter) {
     return -1;
   };
   EXPECT_EQ(value("shardcache_leader_election_leading"), 0);
-  a->elector->Step();
+  StepAt(a.get(), 0);
   EXPECT_EQ(value("shardcache_leader_election_leading"), 1);
   EXPECT_EQ(value("shardcache_leader_election_terms_total"), 1);
   a->elector->Stop();

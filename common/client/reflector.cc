@@ -32,9 +32,6 @@ struct Reflector::Metrics {
 
 namespace {
 
-// How often a wait on a clock that cannot wake sleepers (a FakeClock) re-reads it.
-constexpr absl::Duration kClockPoll = absl::Milliseconds(10);
-
 // Errors that retrying cannot cure: the reflector stops.
 bool IsTerminal(const absl::Status& s) {
   return s.code() == absl::StatusCode::kNotFound ||
@@ -172,25 +169,24 @@ bool Reflector::WatchdogShouldWake() const {
 
 void Reflector::RunWatchdog() {
   const Clock* clock = options_.clock;
-  const bool real = dynamic_cast<const RealClock*>(clock) != nullptr;
   const absl::Duration limit = options_.watch_idle_timeout;
   absl::MutexLock l(&mu_);
   while (!stop_requested_ && !stopped_) {
-    absl::Duration wait = limit;
+    // Without an open watch (or with one cancelled already), only a new watch or the end wakes
+    // it; with one, also the moment it will have been idle for `limit` if nothing arrives.
+    absl::Time deadline = absl::InfiniteFuture();
     if (current_stream_ != nullptr && !idle_cancelled_) {
-      absl::Duration idle = clock->Now() - last_activity_;
-      if (idle >= limit) {
+      if (clock->Now() - last_activity_ >= limit) {
         // Not a word from the store for several bookmark intervals: the connection is most
         // likely dead without having been reset. The loop reports it once the stream ends.
         idle_cancelled_ = true;
         current_stream_->Cancel();
         continue;
       }
-      wait = limit - idle;
+      deadline = last_activity_ + limit;
     }
     watchdog_generation_ = stream_generation_;
-    mu_.AwaitWithTimeout(absl::Condition(this, &Reflector::WatchdogShouldWake),
-                         real ? wait : std::min(wait, kClockPoll));
+    clock->AwaitWithDeadline(&mu_, absl::Condition(this, &Reflector::WatchdogShouldWake), deadline);
   }
 }
 
@@ -395,16 +391,9 @@ bool Reflector::WaitBackoff() {
   absl::Duration delay = backoff_.Next();
   backoff_waits_.fetch_add(1);
   const Clock* clock = options_.clock;
-  const bool real = dynamic_cast<const RealClock*>(clock) != nullptr;
   absl::Time deadline = clock->Now() + delay;
   absl::MutexLock l(&mu_);
-  while (!stop_requested_) {
-    absl::Duration left = deadline - clock->Now();
-    if (left <= absl::ZeroDuration()) return true;
-    mu_.AwaitWithTimeout(absl::Condition(&stop_requested_),
-                         real ? left : std::min(left, kClockPoll));
-  }
-  return false;
+  return !clock->AwaitWithDeadline(&mu_, absl::Condition(&stop_requested_), deadline);
 }
 
 }  // namespace shardcache

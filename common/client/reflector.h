@@ -94,9 +94,8 @@ class Reflector {
     int64_t page_size = 500;
     // Delays between failed attempts.
     Backoff::Options backoff;
-    // The clock of the backoff waits and of the watch liveness timer. A clock other than
-    // RealClock cannot wake a sleeper, so the reflector re-reads it every 10 ms of real time
-    // while it waits. Must outlive the reflector.
+    // The clock of the backoff waits and of the watch liveness timer: both wait on it, so a
+    // FakeClock's Advance drives them. Must outlive the reflector.
     const Clock* clock = RealClock::Get();
     // A watch that has received neither an event nor a bookmark for this long is taken for dead:
     // cancelled and opened again. A few times the store's bookmark interval (cache_server's

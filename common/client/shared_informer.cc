@@ -14,9 +14,6 @@
 namespace shardcache {
 namespace {
 
-// How often a wait on a clock that cannot wake sleepers (a FakeClock) re-reads it.
-constexpr absl::Duration kClockPoll = absl::Milliseconds(10);
-
 class FuncHandler : public ResourceEventHandler {
  public:
   explicit FuncHandler(ResourceEventHandlerFuncs funcs) : funcs_(std::move(funcs)) {}
@@ -495,7 +492,6 @@ void SharedInformer::MarkStopped(absl::Status reason) {
 
 void SharedInformer::Deliver(const std::shared_ptr<Listener>& listener_ref) {
   Listener* l = listener_ref.get();
-  const bool real_clock = dynamic_cast<const RealClock*>(clock_) != nullptr;
   ResourceEventHandler* handler = l->handler.get();
   while (true) {
     enum class Work { kResync, kPeriodic, kChange } work;
@@ -513,13 +509,12 @@ void SharedInformer::Deliver(const std::shared_ptr<Listener>& listener_ref) {
           break;
         }
         if (ready()) break;
+        // Until the next periodic resync (when due), or new work.
+        absl::Time deadline = absl::InfiniteFuture();
         if (l->resync_period > absl::ZeroDuration() && l->synced.load()) {
-          absl::Duration left = l->next_resync - clock_->Now();
-          l->mu.AwaitWithTimeout(absl::Condition(&ready),
-                                 real_clock ? left : std::min(left, kClockPoll));
-        } else {
-          l->mu.Await(absl::Condition(&ready));
+          deadline = l->next_resync;
         }
+        clock_->AwaitWithDeadline(&l->mu, absl::Condition(&ready), deadline);
       }
       if (l->removed.load()) return;
       if (l->needs_resync) {

@@ -126,8 +126,8 @@ class SharedInformer : public std::enable_shared_from_this<SharedInformer>, priv
     std::string name;
     // The reflector's page size and backoff (its clock is `clock` below, its name `name`).
     Reflector::Options reflector;
-    // The clock of the reflector's backoff waits and of periodic resyncs. Must outlive the
-    // informer. A clock other than RealClock is re-read every 10 ms of real time by waiters.
+    // The clock of the reflector's backoff waits and liveness timer and of periodic resyncs: they
+    // all wait on it, so a FakeClock's Advance drives them. Must outlive the informer.
     const Clock* clock = RealClock::Get();
     // Secondary indexes of the cache (ThreadSafeStore::AddIndex).
     std::map<std::string, ThreadSafeStore::IndexFunc> indexers;

@@ -586,6 +586,8 @@ TEST_F(SharedInformerTest, Resync_RedeliversEveryObjectEachPeriod_OnTheClock) {
   FakeClock& clock = fake_clock_;
   SharedInformer::Options options;
   options.clock = &clock;
+  // No watch liveness timer: the delivery threads are then the only waiters on the clock.
+  options.reflector.watch_idle_timeout = absl::ZeroDuration();
   auto informer = MakeInformer(kWidgets, options);
   ASSERT_THAT(informer->Run(), IsOk());
   auto recorder = std::make_shared<Recorder>();
@@ -599,7 +601,13 @@ TEST_F(SharedInformerTest, Resync_RedeliversEveryObjectEachPeriod_OnTheClock) {
   ASSERT_TRUE((*reg)->WaitForSync(kWait));
   EXPECT_EQ(recorder->resyncs(), 0);
 
+  ASSERT_TRUE((*plain_reg)->WaitForSync(kWait));
+  // Both delivery threads wait on the clock: the resyncing one until a minute after it synced.
+  ASSERT_TRUE(clock.AwaitWaiters(2));
   clock.Advance(absl::Seconds(59));
+  // Advance wakes the waiters it reaches before it returns: both still wait, so no resync ran.
+  EXPECT_EQ(clock.Waiters(), 2u);
+  EXPECT_EQ(recorder->resyncs(), 0);
   clock.Advance(absl::Seconds(1));
   ASSERT_TRUE(Eventually([&] { return recorder->resyncs() == 2; }, "recorder->resyncs() == 2"));
   clock.Advance(absl::Minutes(1));

@@ -80,9 +80,8 @@ absl::StatusOr<std::unique_ptr<WorkQueue>> WorkQueue::Create(Options options) {
   if (options.rate_limiter == nullptr) {
     options.rate_limiter = DefaultControllerRateLimiter(options.clock);
   }
-  bool run_ticker = options.run_ticker;
   std::unique_ptr<WorkQueue> queue(new WorkQueue(std::move(options), std::move(metrics)));
-  if (run_ticker) queue->ticker_ = std::thread([q = queue.get()] { q->RunTicker(); });
+  queue->ticker_ = std::thread([q = queue.get()] { q->RunTicker(); });
   return queue;
 }
 
@@ -128,6 +127,7 @@ void WorkQueue::AddLocked(const std::string& key, absl::Time now) {
 
 std::optional<std::string> WorkQueue::Get() {
   absl::MutexLock l(&mu_);
+  PromoteDueLocked(clock_->Now());
   mu_.Await(absl::Condition(this, &WorkQueue::CanGetLocked));
   if (queue_.empty()) return std::nullopt;  // shut down and drained
   std::string key = std::move(queue_.front());
@@ -158,8 +158,9 @@ void WorkQueue::Done(const std::string& key) {
   if (dirty_.contains(key)) queue_.push_back(key);  // added while it was processing
 }
 
-size_t WorkQueue::Len() const {
+size_t WorkQueue::Len() {
   absl::MutexLock l(&mu_);
+  PromoteDueLocked(clock_->Now());
   return queue_.size();
 }
 
@@ -217,39 +218,41 @@ bool WorkQueue::ShuttingDown() const {
   return shutting_down_;
 }
 
-void WorkQueue::Tick() {
-  absl::MutexLock l(&mu_);
-  TickLocked(clock_->Now());
-}
-
-void WorkQueue::TickLocked(absl::Time now) {
+void WorkQueue::PromoteDueLocked(absl::Time now) {
   while (!delayed_by_time_.empty() && delayed_by_time_.begin()->first <= now) {
     std::string key = delayed_by_time_.begin()->second;
     delayed_by_time_.erase(delayed_by_time_.begin());
     delayed_.erase(key);
     AddLocked(key, now);
   }
-  if (metrics_ != nullptr) {
-    absl::Duration total = absl::ZeroDuration();
-    absl::Duration longest = absl::ZeroDuration();
-    for (const auto& [key, started] : started_at_) {
-      total += now - started;
-      longest = std::max(longest, now - started);
-    }
-    metrics_->unfinished_work.Set(absl::ToDoubleSeconds(total));
-    metrics_->longest_running.Set(absl::ToDoubleSeconds(longest));
+}
+
+void WorkQueue::RefreshGaugesLocked(absl::Time now) {
+  if (metrics_ == nullptr) return;
+  absl::Duration total = absl::ZeroDuration();
+  absl::Duration longest = absl::ZeroDuration();
+  for (const auto& [key, started] : started_at_) {
+    total += now - started;
+    longest = std::max(longest, now - started);
   }
+  metrics_->unfinished_work.Set(absl::ToDoubleSeconds(total));
+  metrics_->longest_running.Set(absl::ToDoubleSeconds(longest));
 }
 
 void WorkQueue::RunTicker() {
   absl::MutexLock l(&mu_);
+  absl::Time next_refresh = absl::InfinitePast();
   while (!ticker_stop_) {
     absl::Time now = clock_->Now();
-    TickLocked(now);
-    absl::Duration wait = tick_period_;
-    if (!delayed_by_time_.empty()) wait = std::min(wait, delayed_by_time_.begin()->first - now);
+    PromoteDueLocked(now);
+    if (now >= next_refresh) {
+      RefreshGaugesLocked(now);
+      next_refresh = now + tick_period_;
+    }
+    absl::Time wake = next_refresh;
+    if (!delayed_by_time_.empty()) wake = std::min(wake, delayed_by_time_.begin()->first);
     ticker_wakeup_ = false;
-    mu_.AwaitWithTimeout(absl::Condition(this, &WorkQueue::TickerWakeupLocked), wait);
+    clock_->AwaitWithDeadline(&mu_, absl::Condition(this, &WorkQueue::TickerWakeupLocked), wake);
   }
 }
 

@@ -29,10 +29,11 @@
 //   returns the keys already waiting, then std::nullopt to every caller (blocked ones too).
 //   ShutDownWithDrain() also waits until every key handed out has been Done.
 //
-// Time: AddAfter's delays and the metrics use Options::clock. A background "ticker" thread calls
-// Tick() when the next delayed key is due (measured in real time from clock->Now()) and at least
-// every tick_period. Tests that use a FakeClock turn the ticker off and call Tick() themselves
-// after FakeClock::Advance, so nothing depends on real time.
+// Time: AddAfter's delays and the metrics use Options::clock, and so do all the queue's waits. A
+// delayed key whose time has come is waiting for every method that looks (Len, Get); a background
+// "ticker" thread waits on the clock for the earliest delayed key (and at least every
+// tick_period, for the gauges below) so that a blocked Get() wakes when it is due. On a
+// FakeClock, FakeClock::Advance is all a test needs: nothing depends on real time.
 //
 // Metrics (when Options::registry is set), labelled name=<Options::name>, as client-go's:
 //   shardcache_workqueue_depth                               keys waiting to be handed out
@@ -42,8 +43,9 @@
 //   shardcache_workqueue_work_duration_seconds               histogram: from Get to Done
 //   shardcache_workqueue_unfinished_work_seconds             sum of the ages of keys in processing
 //   shardcache_workqueue_longest_running_processor_seconds   the oldest of them
-// (the last two refreshed by Tick()). Queues with the same name in one registry share the series,
-// so a queue created again under the same name (a new leadership term) continues them.
+// (the last two refreshed by the ticker every tick_period). Queues with the same name in one
+// registry share the series, so a queue created again under the same name (a new leadership term)
+// continues them.
 //
 // Thread-safe: every method may be called from any thread, concurrently. Get() and
 // ShutDownWithDrain() block; the others do not. A worker must not call ShutDownWithDrain() while
@@ -82,9 +84,7 @@ class WorkQueue {
     std::unique_ptr<RateLimiter> rate_limiter;
     // Where the metrics go. Null: no metrics.
     std::shared_ptr<prometheus::Registry> registry;
-    // Run the ticker thread (see the file comment). Off: the owner calls Tick().
-    bool run_ticker = true;
-    // The longest the ticker sleeps between two Tick()s (> 0).
+    // How often (on `clock`) the ticker refreshes the unfinished-work gauges (> 0).
     absl::Duration tick_period = absl::Milliseconds(500);
   };
 
@@ -112,8 +112,9 @@ class WorkQueue {
   // Does nothing for a key that is not processing.
   void Done(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The number of keys that Get() can hand out now (not those processing or delayed).
-  size_t Len() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The number of keys that Get() can hand out now (not those processing, nor those delayed whose
+  // time has not come).
+  size_t Len() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Adds `key` once the clock reaches now + delay (at once if delay <= 0). Counts a retry.
   void AddAfter(const std::string& key, absl::Duration delay) ABSL_LOCKS_EXCLUDED(mu_);
@@ -131,11 +132,6 @@ class WorkQueue {
   void ShutDownWithDrain() ABSL_LOCKS_EXCLUDED(mu_);
   bool ShuttingDown() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The queue's time-driven work as of clock->Now(): delayed keys whose time has come become
-  // waiting, and the unfinished-work gauges are refreshed. The ticker thread calls it; with
-  // Options::run_ticker off, the owner does (tests: after FakeClock::Advance).
-  void Tick() ABSL_LOCKS_EXCLUDED(mu_);
-
  private:
   struct Metrics;
 
@@ -143,7 +139,10 @@ class WorkQueue {
 
   void AddLocked(const std::string& key, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ShutDownLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void TickLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Delayed keys whose time has come (as of `now`) become waiting.
+  void PromoteDueLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sets the unfinished-work gauges as of `now`.
+  void RefreshGaugesLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunTicker() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Conditions for mu_.Await.
@@ -182,7 +181,7 @@ class WorkQueue {
 
   bool ticker_wakeup_ ABSL_GUARDED_BY(mu_) = false;  // the earliest delayed key changed
   bool ticker_stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread ticker_;  // not joinable when Options::run_ticker is off
+  std::thread ticker_;
 };
 
 }  // namespace shardcache

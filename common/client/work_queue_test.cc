@@ -110,14 +110,15 @@ double HistogramSum(prometheus::Registry& registry, const std::string& family,
 
 class WorkQueueTest : public ::testing::Test {
  protected:
-  // A queue on the fake clock, without the ticker: the test calls Tick().
-  std::shared_ptr<WorkQueue> NewQueue(std::unique_ptr<RateLimiter> limiter = nullptr) {
+  // A queue on the fake clock: its delayed keys come due when the test advances the clock.
+  std::shared_ptr<WorkQueue> NewQueue(std::unique_ptr<RateLimiter> limiter = nullptr,
+                                      absl::Duration tick_period = absl::Milliseconds(500)) {
     WorkQueue::Options options;
+    options.tick_period = tick_period;
     options.name = "test";
     options.clock = &clock_;
     options.rate_limiter = std::move(limiter);
     options.registry = registry_;
-    options.run_ticker = false;
     auto queue = WorkQueue::Create(std::move(options));
     EXPECT_THAT(queue, IsOk());
     return std::shared_ptr<WorkQueue>(*std::move(queue));
@@ -174,15 +175,33 @@ TEST_F(WorkQueueTest, Done_ForKeyNotProcessing_DoesNothing) {
 TEST_F(WorkQueueTest, AddAfter_DeliversOnlyOnceTheClockPasses) {
   auto q = NewQueue();
   q->AddAfter("a", absl::Seconds(1));
-  q->Tick();
   EXPECT_EQ(q->Len(), 0u);
   clock_.Advance(absl::Milliseconds(999));
-  q->Tick();
   EXPECT_EQ(q->Len(), 0u);
   clock_.Advance(absl::Milliseconds(1));
-  q->Tick();
   EXPECT_EQ(q->Len(), 1u);
   EXPECT_EQ(GetNow(*q), "a");
+}
+
+// A worker blocked in Get() is handed a delayed key when the clock reaches its time: the ticker
+// waits on the clock, and FakeClock::Advance wakes it.
+TEST_F(WorkQueueTest, AddAfter_WakesABlockedGetWhenTheClockPasses) {
+  auto q = NewQueue(nullptr, absl::Hours(1));  // only the key's time wakes the ticker
+  const absl::Time start = clock_.Now();
+  auto got = std::make_shared<std::optional<std::string>>();
+  BoundedThread getter([q, got] { *got = q->Get(); });
+  q->AddAfter("a", absl::Seconds(1));
+  // The ticker has seen the key once it waits on the clock for the key's time.
+  ASSERT_TRUE(Eventually([&] { return clock_.NextDeadline() == start + absl::Seconds(1); },
+                         kTimeout, "the ticker waits for the key's time"));
+  clock_.Advance(absl::Milliseconds(999));
+  // Advance wakes the waiters it reaches before it returns: the ticker still waiting was not
+  // woken, so nothing could have handed the key out.
+  EXPECT_EQ(clock_.Waiters(), 1u);
+  EXPECT_FALSE(getter.Finished());
+  clock_.Advance(absl::Milliseconds(1));
+  ASSERT_TRUE(getter.JoinWithin(kTimeout));
+  EXPECT_EQ(*got, "a");
 }
 
 TEST_F(WorkQueueTest, AddAfter_EarlierTimeWinsAndLaterDoesNotPostpone) {
@@ -192,15 +211,12 @@ TEST_F(WorkQueueTest, AddAfter_EarlierTimeWinsAndLaterDoesNotPostpone) {
   q->AddAfter("b", absl::Seconds(1));
   q->AddAfter("b", absl::Seconds(5));  // does not postpone
   clock_.Advance(absl::Seconds(1));
-  q->Tick();
   EXPECT_EQ(q->Len(), 1u);
   clock_.Advance(absl::Seconds(1));
-  q->Tick();
   EXPECT_EQ(q->Len(), 2u);
   EXPECT_EQ(GetNow(*q), "b");
   EXPECT_EQ(GetNow(*q), "a");
   clock_.Advance(absl::Seconds(10));
-  q->Tick();
   EXPECT_EQ(q->Len(), 0u);  // each was delivered once
 }
 
@@ -216,7 +232,6 @@ TEST_F(WorkQueueTest, AddAfter_KeyAlreadyWaiting_IsNotDuplicated) {
   q->Add("a");
   q->AddAfter("a", absl::Seconds(1));
   clock_.Advance(absl::Seconds(1));
-  q->Tick();
   EXPECT_EQ(q->Len(), 1u);
 }
 
@@ -227,10 +242,8 @@ TEST_F(WorkQueueTest, AddRateLimited_DelayGrowsPerFailureAndForgetResetsIt) {
                                absl::Milliseconds(20), absl::Milliseconds(40)}) {
     q->AddRateLimited("a");
     clock_.Advance(delay - absl::Milliseconds(1));
-    q->Tick();
     ASSERT_EQ(q->Len(), 0u) << delay;
     clock_.Advance(absl::Milliseconds(1));
-    q->Tick();
     ASSERT_EQ(q->Len(), 1u) << delay;
     ASSERT_EQ(GetNow(*q), "a");
     q->Done("a");
@@ -240,7 +253,6 @@ TEST_F(WorkQueueTest, AddRateLimited_DelayGrowsPerFailureAndForgetResetsIt) {
   EXPECT_EQ(q->NumRequeues("a"), 0);
   q->AddRateLimited("a");
   clock_.Advance(absl::Milliseconds(5));
-  q->Tick();
   EXPECT_EQ(q->Len(), 1u);
 }
 
@@ -251,7 +263,6 @@ TEST_F(WorkQueueTest, AddRateLimited_UsesTheGivenLimiter) {
   q->AddRateLimited("a");
   q->AddRateLimited("b");
   clock_.Advance(absl::Seconds(1));
-  q->Tick();
   EXPECT_EQ(q->Len(), 2u);
   EXPECT_EQ(q->NumRequeues("a"), 1);
 }
@@ -266,7 +277,7 @@ TEST_F(WorkQueueTest, ShutDown_HandsOutWaitingKeysThenNullopt) {
   q->Add("c");  // ignored
   q->AddRateLimited("d");
   clock_.Advance(absl::Seconds(1));
-  q->Tick();  // the delayed key was dropped
+  // the delayed key was dropped
   EXPECT_EQ(GetNow(*q), "a");
   EXPECT_EQ(GetNow(*q), "b");
   EXPECT_EQ(GetNow(*q), kShutDown);
@@ -431,23 +442,27 @@ TEST_F(WorkQueueTest, Metrics_DepthAddsRetriesAndDurations) {
   EXPECT_DOUBLE_EQ(HistogramSum(*registry_, "shardcache_workqueue_queue_duration_seconds", "test"),
                    1.0);
 
+  // The ticker refreshes the gauges when the clock passes its tick period.
   clock_.Advance(absl::Seconds(3));
-  q->Tick();
-  EXPECT_DOUBLE_EQ(Metric("shardcache_workqueue_unfinished_work_seconds"), 3.0);
+  ASSERT_TRUE(
+      Eventually([&] { return Metric("shardcache_workqueue_unfinished_work_seconds") == 3.0; },
+                 kTimeout, "unfinished work is 3 s"));
   EXPECT_DOUBLE_EQ(Metric("shardcache_workqueue_longest_running_processor_seconds"), 3.0);
   q->Done("a");
   EXPECT_EQ(Metric("shardcache_workqueue_work_duration_seconds"), 1);
   EXPECT_DOUBLE_EQ(HistogramSum(*registry_, "shardcache_workqueue_work_duration_seconds", "test"),
                    3.0);
-  q->Tick();
-  EXPECT_EQ(Metric("shardcache_workqueue_unfinished_work_seconds"), 0);
+  clock_.Advance(absl::Seconds(1));
+  ASSERT_TRUE(
+      Eventually([&] { return Metric("shardcache_workqueue_unfinished_work_seconds") == 0; },
+                 kTimeout, "no unfinished work"));
 
   q->AddAfter("c", absl::Seconds(1));
   q->AddRateLimited("d");
   EXPECT_EQ(Metric("shardcache_workqueue_retries_total"), 2);
   EXPECT_EQ(Metric("shardcache_workqueue_adds_total"), 2);  // not added yet
   clock_.Advance(absl::Seconds(1));
-  q->Tick();
+  EXPECT_EQ(q->Len(), 3u);  // c and d are due: waiting for whoever looks
   EXPECT_EQ(Metric("shardcache_workqueue_adds_total"), 4);
   EXPECT_EQ(Metric("shardcache_workqueue_depth"), 3);  // b, c, d
 }
@@ -469,13 +484,13 @@ TEST_F(WorkQueueTest, Metrics_AQueueCreatedAgainUnderItsNameContinuesTheSeries) 
 TEST_F(WorkQueueTest, Metrics_NullRegistryDisablesThem) {
   WorkQueue::Options options;
   options.clock = &clock_;
-  options.run_ticker = false;
   auto q = WorkQueue::Create(std::move(options));
   ASSERT_THAT(q, IsOk());
   (*q)->Add("a");
   ASSERT_EQ(GetNow(**q), "a");
   (*q)->Done("a");
-  (*q)->Tick();
+  clock_.Advance(absl::Seconds(1));  // a tick period: the ticker would refresh the gauges
+  ASSERT_TRUE(clock_.AwaitWaiters(1, kTimeout));
   EXPECT_TRUE(registry_->Collect().empty());
 }
 
@@ -498,8 +513,8 @@ TEST_F(WorkQueueTest, Create_RejectsBadOptions) {
   EXPECT_THAT(WorkQueue::Create(std::move(clash)), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
-// The production path: the ticker thread, on the real clock, delivers a delayed key without any
-// Tick() from the test.
+// The production path: the ticker thread, on the real clock, wakes a blocked Get() when a delayed
+// key is due.
 TEST(WorkQueueTickerTest, RealClock_DeliversDelayedKeyWhenDue) {
   WorkQueue::Options options;
   options.tick_period = absl::Seconds(30);  // so only the due time can wake the ticker in time
