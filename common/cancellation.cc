@@ -44,6 +44,7 @@ CancellationToken::CallbackId CancellationToken::OnCancelled(std::function<void(
 }
 
 void CancellationToken::RemoveCallback(CallbackId id) const {
+  if (id == 0) return;  // OnCancelled ran it at once: nothing registered, nothing running
   internal::CancellationState& s = *state_;
   absl::MutexLock l(&s.mu);
   if (s.callbacks.erase(id) > 0) return;

@@ -40,7 +40,7 @@ class CancellationToken {
   // already cancelled (then returns 0).
   CallbackId OnCancelled(std::function<void()> f) const;
   // Unregisters a callback. When it is running on another thread, waits until it has returned;
-  // afterwards it will not be called.
+  // afterwards it will not be called. Id 0 (the callback already ran) is a no-op.
   void RemoveCallback(CallbackId id) const;
 
  private:

@@ -23,9 +23,7 @@ bool Clock::SleepUntil(absl::Time deadline, const CancellationToken& token) cons
     absl::MutexLock l(&state->mu);
     cancelled = AwaitWithDeadline(&state->mu, absl::Condition(&state->cancelled), deadline);
   }
-  // 0: cancelled already, the callback ran at once (and RemoveCallback(0) would wait for a
-  // callback 0 that Cancel() may still be marked as running).
-  if (id != 0) token.RemoveCallback(id);
+  token.RemoveCallback(id);
   return !cancelled;
 }
 
