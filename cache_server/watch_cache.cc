@@ -161,6 +161,8 @@ absl::Status WatchCache::Register(Watcher* watcher) {
   watcher->dispatcher_ = best;
   absl::MutexLock l(&d->watchers_mu);
   d->watchers[watcher->spec().group_resource].insert(watcher);
+  watcher->last_sent_ = options_.clock->Now();  // its initial events
+  watcher->bookmark_slot_ = static_cast<int>(d->registered++ % kBookmarkSlots);
   CountChanged(d, 1);
   return absl::OkStatus();
 }
@@ -207,8 +209,12 @@ size_t WatchCache::Shutdown(absl::Duration timeout) {
 }
 
 void WatchCache::Run(Dispatcher* d) {
-  absl::Time next_bookmark = absl::Now() + options_.bookmark_interval;
-  absl::Time next_sweep = absl::Now() + kSweepInterval;
+  const absl::Duration slot_period = options_.bookmark_interval / kBookmarkSlots;
+  const absl::Duration idle_for_bookmark = options_.bookmark_interval / 2;
+  int slot = 0;
+  const Clock* clock = options_.clock;
+  absl::Time next_bookmark = clock->Now() + slot_period;
+  absl::Time next_sweep = clock->Now() + kSweepInterval;
   std::deque<Item> batch;
   std::vector<Watcher*> unflushed;
   while (true) {
@@ -217,7 +223,8 @@ void WatchCache::Run(Dispatcher* d) {
       auto ready = [d]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->queue_mu) {
         return d->stopping || !d->queue.empty();
       };
-      d->queue_mu.AwaitWithDeadline(absl::Condition(&ready), std::min(next_bookmark, next_sweep));
+      clock->AwaitWithDeadline(&d->queue_mu, absl::Condition(&ready),
+                               std::min(next_bookmark, next_sweep));
       if (d->stopping) return;
       batch.swap(d->queue);
     }
@@ -226,12 +233,13 @@ void WatchCache::Run(Dispatcher* d) {
     // batch, when it asked for batches) rather than the first event alone.
     for (const Item& item : batch) Dispatch(d, item, &unflushed);
     batch.clear();
+    absl::Time now = clock->Now();
     for (Watcher* w : unflushed) {
       w->unflushed_ = false;
+      w->last_sent_ = now;
       w->Flush();
     }
     unflushed.clear();
-    absl::Time now = absl::Now();
     if (now >= next_sweep) {
       for (auto& [gr, set] : d->watchers) {
         for (Watcher* w : set) w->Sweep(now);
@@ -241,10 +249,13 @@ void WatchCache::Run(Dispatcher* d) {
     if (now >= next_bookmark) {
       for (auto& [gr, set] : d->watchers) {
         for (Watcher* w : set) {
+          if (w->bookmark_slot_ != slot || now - w->last_sent_ < idle_for_bookmark) continue;
           w->Bookmark(std::max(d->dispatched_revision, w->spec().start_revision));
+          w->last_sent_ = now;
         }
       }
-      next_bookmark = now + options_.bookmark_interval;
+      slot = (slot + 1) % kBookmarkSlots;
+      next_bookmark = now + slot_period;
     }
   }
 }

@@ -46,6 +46,7 @@
 #include "absl/time/time.h"
 #include "cache_server/object_filter.h"
 #include "cache_server/store_metrics.h"
+#include "common/clock.h"
 
 namespace shardcache {
 
@@ -112,6 +113,10 @@ class Watcher {
   int dispatcher_ = -1;
   // Delivered to since the last Flush; only touched by its dispatcher, under its watchers_mu.
   bool unflushed_ = false;
+  // When the dispatcher last gave it something to send (its registration, a run of events, a
+  // bookmark), and which of the dispatcher's bookmark slots it is in; under watchers_mu.
+  absl::Time last_sent_;
+  int bookmark_slot_ = 0;
 };
 
 // The type of `event` as a watcher with `filter` sees it (an update that crosses the filter
@@ -125,7 +130,8 @@ ObjectRef EffectiveObject(const Event& event, v1::WatchEvent::Type type);
 class WatchCache {
  public:
   struct Options {
-    // How often every watcher receives a bookmark.
+    // A watcher that has been sent nothing for about this long receives a bookmark (see
+    // kBookmarkSlots).
     absl::Duration bookmark_interval = absl::Seconds(5);
     // Dispatcher threads (at least 1).
     int dispatchers = 2;
@@ -137,6 +143,9 @@ class WatchCache {
     // The bytes of live events waiting in all watchers' queues together (each event counted once
     // per watcher; the bytes themselves are shared) before Publish blocks (backpressure).
     size_t backlog_bytes = 64 << 20;
+    // The time of the bookmarks and sweeps (and of Watcher::Sweep's `now`); not owned, outlives
+    // the cache.
+    const Clock* clock = RealClock::Get();
   };
 
   WatchCache(Options options, StoreMetrics* metrics);
@@ -163,6 +172,14 @@ class WatchCache {
   static constexpr size_t kPublishChunk = 128;
   // How often each dispatcher calls Watcher::Sweep.
   static constexpr absl::Duration kSweepInterval = absl::Milliseconds(250);
+  // Periodic bookmarks are spread over time: each dispatcher deals its watchers into this many
+  // slots and, every bookmark_interval / kBookmarkSlots, turns to the next slot and bookmarks
+  // those of its watchers that have been sent nothing for half an interval. So each watcher is
+  // looked at once an interval, one that receives events gets no bookmark, an idle one gets one
+  // every interval, and never goes longer than about one and a half intervals without a word;
+  // and thousands of idle watchers do not all get theirs in the same instant, ahead of the
+  // events that follow.
+  static constexpr int kBookmarkSlots = 10;
 
   // Adds a watcher. REQUIRES: the caller holds the store's lock, so that no event with a revision
   // above watcher->spec().start_revision has been published yet. Fails with UNAVAILABLE once
@@ -205,6 +222,8 @@ class WatchCache {
     std::atomic<size_t> count{0};
     // The highest revision delivered to every watcher of this dispatcher.
     int64_t dispatched_revision ABSL_GUARDED_BY(watchers_mu) = 0;
+    // Watchers registered so far: deals the bookmark slots.
+    uint64_t registered ABSL_GUARDED_BY(watchers_mu) = 0;
 
     std::thread thread;
   };

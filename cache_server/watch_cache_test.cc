@@ -6,8 +6,12 @@
 #include <atomic>
 #include <thread>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "common/testing/wait.h"
 
 namespace shardcache {
@@ -132,6 +136,85 @@ TEST_F(WatchCacheTest, Bookmarks_CarryDispatchedRevision) {
   }
   EXPECT_EQ(seen.back(), "BOOKMARK 4");
   cache.Unregister(&w);
+}
+
+size_t CountOf(const std::vector<std::string>& seen, absl::string_view prefix) {
+  size_t n = 0;
+  for (const std::string& s : seen) n += absl::StartsWith(s, prefix) ? 1 : 0;
+  return n;
+}
+
+// One dispatcher on a FakeClock, with bookmarks every 10 s: one bookmark slot a second.
+WatchCache::Options OnFakeClock(FakeClock* clock) {
+  WatchCache::Options o;
+  o.bookmark_interval = absl::Seconds(10);
+  o.dispatchers = 1;
+  o.clock = clock;
+  return o;
+}
+
+// Moves the clock by one bookmark slot and waits until the dispatcher has done that slot's work
+// and waits again.
+void StepOneSlot(FakeClock* clock) {
+  clock->Advance(absl::Seconds(1));
+  ASSERT_TRUE(clock->AwaitWaiters(1)) << "the dispatcher did not wait again";
+}
+
+TEST_F(WatchCacheTest, Bookmarks_OnlyForWatchersThatWereSentNothing) {
+  FakeClock clock;
+  WatchCache cache(OnFakeClock(&clock), &metrics_);
+  FakeWatcher busy(Spec(0, "app=web"));
+  FakeWatcher idle(Spec(0, "app=db"));
+  ASSERT_TRUE(cache.Register(&busy).ok());
+  ASSERT_TRUE(cache.Register(&idle).ok());
+  ASSERT_TRUE(clock.AwaitWaiters(1));
+  // 40 s: every second an event that only `busy` sees.
+  for (int second = 1; second <= 40; ++second) {
+    cache.Publish({MakeEvent(second, v1::WatchEvent::ADDED, absl::StrCat("w", second), "web")});
+    ASSERT_EQ(CountOf(busy.WaitFor(static_cast<size_t>(second)), "ADDED"),
+              static_cast<size_t>(second));
+    ASSERT_TRUE(clock.AwaitWaiters(1));
+    ASSERT_NO_FATAL_FAILURE(StepOneSlot(&clock));
+  }
+  EXPECT_EQ(CountOf(busy.WaitFor(0), "BOOKMARK"), 0u) << "events told it how far it has seen";
+  // Idle, it is looked at once every 10 s and gets a bookmark each time.
+  size_t idle_bookmarks = CountOf(idle.WaitFor(0), "BOOKMARK");
+  EXPECT_GE(idle_bookmarks, 3u);
+  EXPECT_LE(idle_bookmarks, 4u);
+  // At the revision dispatched when it was sent (the events it did not see count too).
+  int64_t last = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(absl::StripPrefix(idle.WaitFor(0).back(), "BOOKMARK "), &last));
+  EXPECT_GT(last, 30);
+  cache.Unregister(&busy);
+  cache.Unregister(&idle);
+}
+
+TEST_F(WatchCacheTest, Bookmarks_OfIdleWatchers_AreSpreadOverTheInterval) {
+  FakeClock clock;
+  WatchCache cache(OnFakeClock(&clock), &metrics_);
+  std::vector<std::unique_ptr<FakeWatcher>> watchers;
+  for (int i = 0; i < 40; ++i) {
+    watchers.push_back(std::make_unique<FakeWatcher>(Spec(0)));
+    ASSERT_TRUE(cache.Register(watchers.back().get()).ok());
+  }
+  ASSERT_TRUE(clock.AwaitWaiters(1));
+  auto total = [&] {
+    size_t n = 0;
+    for (auto& w : watchers) n += CountOf(w->WaitFor(0), "BOOKMARK");
+    return n;
+  };
+  size_t before = 0;
+  for (int second = 1; second <= 25; ++second) {
+    ASSERT_NO_FATAL_FAILURE(StepOneSlot(&clock));
+    size_t now = total();
+    // 40 watchers in 10 slots: 4 a slot, never all at once.
+    EXPECT_LE(now - before, 4u) << "at second " << second;
+    before = now;
+  }
+  for (auto& w : watchers) {
+    EXPECT_GE(CountOf(w->WaitFor(0), "BOOKMARK"), 2u) << "every idle watcher hears, every 10 s";
+  }
+  for (auto& w : watchers) cache.Unregister(w.get());
 }
 
 TEST_F(WatchCacheTest, Shutdown_EndsWatchersAndRefusesNew) {
