@@ -50,7 +50,7 @@ namespace shardcache {
 class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>, public Watcher {
  public:
   // The most bytes of events put in one batched message (a single event may be larger).
-  static constexpr size_t kMaxBatchBytes = 256 << 10;
+  static constexpr size_t kMaxBatchBytes = 64 << 10;
 
   // `max_pending_events`: a bound in events on top of the cache's bound in bytes (0: none).
   // `store_id`: the store's identity, set on every message sent (empty: not set).
