@@ -75,6 +75,7 @@ void GroupCommitter::CompleteWhenDurable(int64_t revision, std::function<void()>
 void GroupCommitter::Run() {
   absl::Time next_idle_check = absl::Now() + absl::Seconds(1);
   while (true) {
+    bool idle = false;
     std::vector<Item> items;
     CommitBatch batch;
     int64_t batch_claims = 0;
@@ -87,17 +88,23 @@ void GroupCommitter::Run() {
       if (pending_.empty() && pending_epochs_.empty()) {
         if (stopping_) return;
         next_idle_check = absl::Now() + absl::Seconds(1);
-      } else {
-        items.swap(pending_);
-        batch.epochs.swap(pending_epochs_);
-        batch.revision = revision_;
-        batch.compacted_revision = compacted_revision_;
-        batch_claims = epoch_claims_;
+        idle = true;
       }
     }
-    if (items.empty() && batch.epochs.empty()) {
+    if (idle) {
       owner_->OnIdle();
       continue;
+    }
+    {
+      // Taken under the owner's operation lock (before ours, in the owner's order), so that the
+      // batch holds whole operations only. Only this thread empties pending_.
+      absl::MutexLock operation(owner_->OperationLock());
+      absl::MutexLock l(&mu_);
+      items.swap(pending_);
+      batch.epochs.swap(pending_epochs_);
+      batch.revision = revision_;
+      batch.compacted_revision = compacted_revision_;
+      batch_claims = epoch_claims_;
     }
     for (const Item& item : items) {
       if (item.event != nullptr) batch.events.push_back(item.event);

@@ -16,7 +16,8 @@
 //   already are.
 // - Events and markers are published once each, in the order they were added, after they are
 //   durable and after Owner::OnDurable; only the committer thread publishes.
-// - Everything added between two syncs goes in one Storage::Commit (one fsync for many writes).
+// - Everything added between two syncs goes in one Storage::Commit (one fsync for many writes),
+//   and the changes that the owner adds under its OperationLock go in the same batch.
 //   A batch holds the epochs raised since the last one, and the revision and compacted revision
 //   of the last event added. A batch of epochs alone is written when only an epoch was raised.
 // - A failed Storage::Commit stops the process: memory is ahead of the disk and cannot be taken
@@ -61,6 +62,11 @@ class GroupCommitter {
     virtual void OnDurable(int64_t revision) = 0;
     // Nothing was committed for about a second.
     virtual void OnIdle() = 0;
+    // The lock under which the owner adds the changes of one of its operations (a
+    // ResourceDefinition's deletion and the deletions of its objects): the committer takes each
+    // batch under it too, so that a batch never holds part of an operation, and a crash never
+    // leaves half of one on disk.
+    virtual absl::Mutex* OperationLock() = 0;
   };
 
   // `storage` (null: nothing is written), `watch_cache`, `metrics` and `owner` are not owned and

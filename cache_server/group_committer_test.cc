@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +26,13 @@ class Log : public GroupCommitter::Owner {
  public:
   void OnDurable(int64_t revision) override { Add(absl::StrCat("durable ", revision)); }
   void OnIdle() override {}
+  absl::Mutex* OperationLock() override {
+    operation_lock_asked_.fetch_add(1);
+    return &operation_mu_;
+  }
+  // The owner's lock for one operation's changes, and how often the committer asked for it.
+  absl::Mutex operation_mu_;
+  std::atomic<int> operation_lock_asked_{0};
 
   void Add(const std::string& entry) {
     absl::MutexLock l(&mu_);
@@ -112,6 +120,27 @@ TEST_F(GroupCommitterTest, BatchesWhatArrivesDuringASync) {
   EXPECT_THAT(batches[1].epochs, ElementsAre(std::pair<const std::string, int64_t>("a", 7)));
   EXPECT_THAT(log_.entries(), ElementsAre("durable 2", "write 2", "durable 6", "write 3", "write 4",
                                           "write 5", "write 6"));
+}
+
+TEST_F(GroupCommitterTest, ABatchHoldsWholeOperationsOnly) {
+  // One operation of the owner (as a ResourceDefinition's deletion and its objects' deletions):
+  // its changes are added under the owner's operation lock.
+  {
+    absl::MutexLock operation(&log_.operation_mu_);
+    committer_.AddEvent(MakeEvent(2));
+    // The committer has woken for the first change and waits for the operation to end.
+    ASSERT_TRUE(Eventually([&] { return log_.operation_lock_asked_.load() >= 1; },
+                           "the committer takes its batch under the operation lock"));
+    committer_.AddEvent(MakeEvent(3));
+    committer_.AddEvent(MakeEvent(4));
+  }
+  committer_.CompleteWhenDurable(4, log_.Completion("operation"));
+  ASSERT_TRUE(Eventually([&] { return log_.entries().size() == 2; }, "the operation completes"));
+  EXPECT_THAT(log_.entries(), ElementsAre("durable 4", "operation"));
+  std::vector<CommitBatch> batches = storage_.batches();
+  ASSERT_EQ(batches.size(), 1u) << "the operation was split over two syncs";
+  EXPECT_EQ(batches[0].events.size(), 3u);
+  EXPECT_EQ(batches[0].revision, 4);
 }
 
 TEST_F(GroupCommitterTest, WaitsForEpochsClaimedBefore) {

@@ -156,6 +156,8 @@ class ObjectStore : private GroupCommitter::Owner {
   // events that left the window by count or age are compacted away.
   void OnDurable(int64_t revision) override ABSL_LOCKS_EXCLUDED(mu_);
   void OnIdle() override ABSL_LOCKS_EXCLUDED(mu_);
+  // The store's lock: every operation adds its changes to the committer under it.
+  absl::Mutex* OperationLock() override ABSL_LOCK_RETURNED(mu_) { return &mu_; }
   // Creates `object`; `keep_status` keeps a status even where status is a subresource (upsert).
   absl::StatusOr<ObjectRef> CreateLocked(const ResourceInfo& info,
                                          const v1::GroupVersionResource& gvr, v1::Object object,
