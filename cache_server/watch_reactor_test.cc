@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cache_server/testing/in_process_server.h"
+#include "common/testing/channels.h"
 #include "common/testing/objects.h"
 #include "common/testing/wait.h"
 #include "integration_tests/watch_reader.h"
@@ -140,11 +141,7 @@ TEST_F(WatchReactorTest, AClientThatStopsReadingIsEndedWhileAnotherGoesOn) {
 
   // A watcher on its own connection that does not read: once HTTP/2 flow control stops the
   // server's writes, its live events pile up on the server.
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  auto slow_channel =
-      grpc::CreateCustomChannel(server_->target(), grpc::InsecureChannelCredentials(), args);
+  auto slow_channel = testing::NonGrowingWindowChannel(server_->target());
   auto slow_stub = v1::Store::NewStub(slow_channel);
   grpc::ClientContext slow_ctx;
   slow_ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(90)));

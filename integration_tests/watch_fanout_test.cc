@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/grpc_status.h"
+#include "common/testing/channels.h"
 #include "common/testing/server_process.h"
 #include "common/testing/status_matchers.h"
 #include "integration_tests/store_fixture.h"
@@ -106,11 +107,7 @@ TEST_F(WatchFanoutTest, StoppedReader_IsEnded_WhileReadersKeepGoing) {
 
   // The stopped reader, on its own connection without BDP probing, so that HTTP/2 flow control
   // stops the server's writes after about 64 KiB.
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  auto channel =
-      grpc::CreateCustomChannel(server_->grpc_address(), grpc::InsecureChannelCredentials(), args);
+  auto channel = testing::NonGrowingWindowChannel(server_->grpc_address());
   auto stopped_stub = v1::Store::NewStub(channel);
   grpc::ClientContext stopped_ctx;
   stopped_ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));

@@ -22,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/grpc_status.h"
+#include "common/testing/channels.h"
 #include "common/testing/server_process.h"
 #include "common/testing/status_matchers.h"
 #include "integration_tests/store_fixture.h"
@@ -381,11 +382,7 @@ TEST_F(WatchTest, SlowWatcher_IsEndedWithResourceExhausted_AndTheServerStaysHeal
 
   // A watcher on its own connection that does not read: once HTTP/2 flow control stops the
   // server's writes, its live events pile up on the server.
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  auto slow_channel =
-      grpc::CreateCustomChannel(server_->grpc_address(), grpc::InsecureChannelCredentials(), args);
+  auto slow_channel = testing::NonGrowingWindowChannel(server_->grpc_address());
   auto slow_stub = v1::Store::NewStub(slow_channel);
   grpc::ClientContext slow_ctx;
   slow_ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(90)));
