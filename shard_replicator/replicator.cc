@@ -90,20 +90,20 @@ absl::Status ShardReplicator::Init() {
   Backoff::Options relist;
   relist.max = absl::Seconds(2);
   relist.jitter = 0.5;
-  DynamicInformerFactory::Options shard_factory;
-  shard_factory.follow_definitions = true;
-  shard_factory.informer.clock = options_.clock;
-  shard_factory.informer.reflector.backoff = relist;
-  shard_factory.informer.reflector.watch_idle_timeout = options_.watch_idle_timeout;
-  shard_factory.informer.reflector.registry = options_.registry;
-  ASSIGN_OR_RETURN(shard_informers_, DynamicInformerFactory::Create(shard_stub_, shard_factory));
-  DynamicInformerFactory::Options cache_factory;
-  cache_factory.follow_definitions = false;
-  cache_factory.informer.clock = options_.clock;
-  cache_factory.informer.reflector.backoff = relist;
-  cache_factory.informer.reflector.watch_idle_timeout = options_.watch_idle_timeout;
-  cache_factory.informer.reflector.registry = options_.registry;
-  ASSIGN_OR_RETURN(cache_informers_, DynamicInformerFactory::Create(cache_stub_, cache_factory));
+  auto factory_options = [&](bool follow_definitions) {
+    DynamicInformerFactory::Options o;
+    o.follow_definitions = follow_definitions;
+    o.informer.clock = options_.clock;
+    o.informer.reflector.backoff = relist;
+    o.informer.reflector.watch_idle_timeout = options_.watch_idle_timeout;
+    o.informer.reflector.registry = options_.registry;
+    return o;
+  };
+  // The shard store serves what its ResourceDefinitions define; the cache serves any resource.
+  ASSIGN_OR_RETURN(shard_informers_,
+                   DynamicInformerFactory::Create(shard_stub_, factory_options(true)));
+  ASSIGN_OR_RETURN(cache_informers_,
+                   DynamicInformerFactory::Create(cache_stub_, factory_options(false)));
   ASSIGN_OR_RETURN(ccrs_, shard_informers_->ForResource(CcrResource()));
   ListWatchFilters mine;
   mine.shard = options_.shard;

@@ -72,11 +72,7 @@ StoreListerWatcher::~StoreListerWatcher() { Shutdown(); }
 absl::StatusOr<v1::ListResponse> StoreListerWatcher::List(int64_t limit,
                                                           const std::string& continue_token) {
   v1::ListRequest req;
-  *req.mutable_resource() = resource_;
-  req.set_shard(filters_.shard);
-  req.set_cluster(filters_.cluster);
-  req.set_namespace_(filters_.namespace_);
-  req.set_label_selector(filters_.label_selector);
+  SetResourceAndFilters(&req);
   req.set_limit(limit);
   req.set_continue_token(continue_token);
   grpc::ClientContext ctx;
@@ -96,11 +92,7 @@ absl::StatusOr<v1::ListResponse> StoreListerWatcher::List(int64_t limit,
 
 std::unique_ptr<WatchEventStream> StoreListerWatcher::Watch(const std::string& resource_version) {
   v1::WatchRequest req;
-  *req.mutable_resource() = resource_;
-  req.set_shard(filters_.shard);
-  req.set_cluster(filters_.cluster);
-  req.set_namespace_(filters_.namespace_);
-  req.set_label_selector(filters_.label_selector);
+  SetResourceAndFilters(&req);
   req.set_resource_version(resource_version);
   WatchStream::Options options;
   if (options_.watch_timeout > absl::ZeroDuration()) {

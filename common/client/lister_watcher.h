@@ -113,6 +113,16 @@ class StoreListerWatcher : public ListerWatcher {
   StoreListerWatcher(std::shared_ptr<v1::Store::StubInterface> stub,
                      v1::GroupVersionResource resource, ListWatchFilters filters, Options options);
 
+  // Sets a List or Watch request's resource and filters to this ListerWatcher's.
+  template <typename Request>
+  void SetResourceAndFilters(Request* req) const {
+    *req->mutable_resource() = resource_;
+    req->set_shard(filters_.shard);
+    req->set_cluster(filters_.cluster);
+    req->set_namespace_(filters_.namespace_);
+    req->set_label_selector(filters_.label_selector);
+  }
+
   // Constant after construction.
   const std::shared_ptr<v1::Store::StubInterface> stub_;
   const v1::GroupVersionResource resource_;
