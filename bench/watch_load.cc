@@ -217,6 +217,18 @@ bool PollUntil(F done, absl::Duration timeout) {
   return true;
 }
 
+// Records whether every stream ended; streams still running point at their watchers, which are
+// then kept until the process exits.
+template <typename Watchers>
+void KeepUnendedStreams(bool all_done, Watchers* watchers, WatchLoadResult* r) {
+  r->streams_ended = all_done;
+  if (all_done) return;
+  for (auto& w : *watchers) {
+    w->Abandon();
+    (void)w.release();
+  }
+}
+
 }  // namespace
 
 WatchLoadResult RunWatchLoad(const WatchLoadOptions& options,
@@ -380,14 +392,7 @@ WatchLoadResult RunWatchLoad(const WatchLoadOptions& options, Target* watch_targ
       if (log.ok[seq]) acks.push_back(log.ack_ns[seq]);
     }
     r.write_ack = Summarize(&acks);
-    r.streams_ended = all_done;
-    if (!all_done) {
-      // Streams are still running and point at the watchers: keep them until the process exits.
-      for (auto& w : watchers) {
-        w->Abandon();
-        (void)w.release();
-      }
-    }
+    KeepUnendedStreams(all_done, &watchers, &r);
     return r;
   }
 
@@ -402,13 +407,7 @@ WatchLoadResult RunWatchLoad(const WatchLoadOptions& options, Target* watch_targ
       ++r.early_end_reasons[StatusKey(s.error_code(), s.error_message())];
     }
   }
-  r.streams_ended = all_done;
-  if (!all_done) {
-    for (auto& w : watchers) {
-      w->Abandon();
-      (void)w.release();
-    }
-  }
+  KeepUnendedStreams(all_done, &watchers, &r);
   return r;
 }
 
