@@ -18,9 +18,9 @@ namespace shardcache {
 
 namespace {
 
+// The same code and payloads (machine-readable details), with what was asked.
 absl::Status WithContext(const std::string& what, const absl::Status& s) {
-  if (s.ok()) return s;
-  return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+  return WithMessage(s, absl::StrCat(what, ": ", s.message()));
 }
 
 }  // namespace

@@ -131,14 +131,8 @@ absl::Status WatchStream::Finish() {
   batch_.Clear();
   batch_next_ = 0;
   absl::Status s = FromGrpcStatus(reader_->Finish());
-  status_ = s;
-  if (!s.ok()) {
-    // The same code and payloads (machine-readable details), with what was watched.
-    status_ = absl::Status(s.code(), absl::StrCat(What(), ": ", s.message()));
-    s.ForEachPayload([this](absl::string_view type_url, const absl::Cord& payload) {
-      status_.SetPayload(type_url, payload);
-    });
-  }
+  // The same code and payloads (machine-readable details), with what was watched.
+  status_ = WithMessage(s, absl::StrCat(What(), ": ", s.message()));
   return status_;
 }
 
