@@ -374,7 +374,7 @@ TEST_F(CcrControllerTest, SpecChangeReplacesTheController) {
   v1::Object changed = Ccr("c1", kWidgetsSpec);
   changed.mutable_metadata()->set_generation(2);
   changed.mutable_metadata()->set_resource_version("2");
-  ASSERT_TRUE(PushWhenWatching(*ccr_lw(), Event(v1::WatchEvent::MODIFIED, changed)));
+  shard_writer_.Put(changed);  // a user's update: a status write from the old spec conflicts
   EXPECT_TRUE(Advancing([&] { return writer_.Upserts("silver") >= 1; },
                         "the new controller copies what the new spec selects"));
 }
@@ -421,6 +421,7 @@ TEST_F(CcrControllerTest, TheCcrsCopyIsWrittenAndRemoved) {
   v1::Object held = written.upsert().object();
   held.mutable_metadata()->set_resource_version("200");
   ASSERT_TRUE(PushWhenWatching(*copied_ccrs(), Event(v1::WatchEvent::ADDED, held)));
+  shard_writer_.Remove(ccr);
   ASSERT_TRUE(PushWhenWatching(*ccr_lw(), Event(v1::WatchEvent::DELETED, ccr)));
   EXPECT_TRUE(Advancing([&] { return writer_.Deletes("c1") >= 1; }, "the copy is removed"));
 }
@@ -486,9 +487,7 @@ TEST_F(CcrControllerTest, StatusIsWrittenOnlyWhenItDiffers) {
   // scripted cache never shows it), the status is not.
   int copies = writer_.Upserts("c1");
   google::protobuf::Struct status = LastStatus("c1");
-  v1::Object again = shard_writer_.StatusRequests().back().object();
-  again.mutable_metadata()->set_resource_version("5000");
-  ASSERT_TRUE(PushWhenWatching(*ccr_lw(), Event(v1::WatchEvent::MODIFIED, again)));
+  shard_writer_.Put(shard_writer_.StatusRequests().back().object());
   ASSERT_TRUE(Eventually([&] { return writer_.Upserts("c1") > copies; }, "reconciled again"));
   EXPECT_EQ(shard_writer_.StatusWrites(), writes);
 
