@@ -4,9 +4,8 @@
 #include <grpc/slice.h>
 
 #include <algorithm>
+#include <mutex>
 #include <optional>
-
-#include "absl/base/call_once.h"
 
 namespace shardcache {
 
@@ -56,13 +55,15 @@ v1::WatchEvent::Type EffectiveType(const Event& e, const ObjectFilter& filter) {
   }
 }
 
+// std::call_once (pthread_once) rather than absl::call_once: a thread that waits for another's
+// call in absl's version waits inside Debian's abseil, where ThreadSanitizer cannot see the edge.
 struct WatchCache::Encodings {
-  absl::once_flag once[4];
+  std::once_flag once[4];
   std::optional<Delivery> deliveries[4];
 
   // The event as watchers that see it as `type` receive it. Thread-safe.
   const Delivery& Get(const Event& e, v1::WatchEvent::Type type) {
-    absl::call_once(once[type], [&] {
+    std::call_once(once[type], [&] {
       ObjectRef object = EffectiveObject(e, type);
       grpc::Slice encoded = EncodeWatchEvent(type, *object);
       deliveries[type] = Delivery{type, std::move(object), std::move(encoded)};
