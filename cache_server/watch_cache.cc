@@ -1,34 +1,10 @@
 #include "cache_server/watch_cache.h"
 
-#include <google/protobuf/io/coded_stream.h>
-#include <grpc/slice.h>
-
 #include <algorithm>
 #include <mutex>
 #include <optional>
 
 namespace shardcache {
-
-grpc::Slice EncodeWatchEvent(v1::WatchEvent::Type type, const v1::Object& object) {
-  using google::protobuf::io::CodedOutputStream;
-  // WatchEvent{type: 1 (varint), object: 2 (length-delimited)}, written by hand so that the
-  // shared, read-only object is serialized in place rather than copied into a WatchEvent.
-  // (Protobuf's cached sizes are atomic: concurrent serializations of one object are safe.)
-  const size_t object_size = object.ByteSizeLong();
-  const size_t size = (type != 0 ? 1 + CodedOutputStream::VarintSize32(type) : 0) + 1 +
-                      CodedOutputStream::VarintSize32(static_cast<uint32_t>(object_size)) +
-                      object_size;
-  grpc_slice slice = grpc_slice_malloc(size);
-  uint8_t* p = GRPC_SLICE_START_PTR(slice);
-  if (type != 0) {
-    *p++ = (1 << 3) | 0;
-    p = CodedOutputStream::WriteVarint32ToArray(static_cast<uint32_t>(type), p);
-  }
-  *p++ = (2 << 3) | 2;
-  p = CodedOutputStream::WriteVarint32ToArray(static_cast<uint32_t>(object_size), p);
-  object.SerializeWithCachedSizesToArray(p);
-  return grpc::Slice(slice, grpc::Slice::STEAL_REF);
-}
 
 ObjectRef EffectiveObject(const Event& e, v1::WatchEvent::Type type) {
   if (type != v1::WatchEvent::DELETED || e.type != v1::WatchEvent::MODIFIED) return e.object;
@@ -62,11 +38,12 @@ struct WatchCache::Encodings {
   std::optional<Delivery> deliveries[4];
 
   // The event as watchers that see it as `type` receive it. Thread-safe.
-  const Delivery& Get(const Event& e, v1::WatchEvent::Type type) {
+  const Delivery& Get(const Event& e, v1::WatchEvent::Type type, EventChunks* chunks) {
     std::call_once(once[type], [&] {
       ObjectRef object = EffectiveObject(e, type);
-      grpc::Slice encoded = EncodeWatchEvent(type, *object);
-      deliveries[type] = Delivery{type, std::move(object), std::move(encoded)};
+      EncodedEvent encoded = chunks->Write(e.group_resource, type, *object);
+      deliveries[type] =
+          Delivery{type, std::move(object), std::move(encoded.bare), std::move(encoded.element)};
     });
     return *deliveries[type];
   }
@@ -245,6 +222,7 @@ void WatchCache::Run(Dispatcher* d) {
       for (auto& [gr, set] : d->watchers) {
         for (Watcher* w : set) w->Sweep(now);
       }
+      if (d == dispatchers_.front().get()) chunks_.ReleaseIdle();
       next_sweep = now + kSweepInterval;
     }
     if (now >= next_bookmark) {
@@ -291,7 +269,7 @@ void WatchCache::Dispatch(Dispatcher* d, const Item& item, std::vector<Watcher*>
     if (e.revision <= spec.start_revision) continue;
     v1::WatchEvent::Type type = EffectiveType(e, spec.filter);
     if (type == v1::WatchEvent::TYPE_UNSPECIFIED) continue;
-    w->Deliver(item.forms->Get(e, type));
+    w->Deliver(item.forms->Get(e, type, &chunks_));
     if (!w->unflushed_) {
       w->unflushed_ = true;
       unflushed->push_back(w);

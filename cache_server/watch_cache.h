@@ -12,6 +12,8 @@
 //
 // An event is serialized at most once per type in which watchers see it (usually once), by
 // whichever dispatcher needs it first; every watcher that sees it that way shares those bytes.
+// The encodings of one resource's events are written side by side in shared chunks
+// (event_chunks.h), so that a watcher that is behind holds a run of them as one slice.
 //
 // A watcher is registered by the store under the store's lock together with its starting
 // revision and its initial events, so that no event falls between the two: the dispatcher skips
@@ -44,6 +46,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "cache_server/event_chunks.h"
 #include "cache_server/object_filter.h"
 #include "cache_server/store_metrics.h"
 #include "common/clock.h"
@@ -71,17 +74,15 @@ struct WatchSpec {
 };
 
 // One event as a watcher receives it: its type for that watcher, the object, and the WatchEvent
-// message (type and object, no store_id) already serialized, once per event and type: the slice
-// is reference-counted and shared by every watcher that gets it.
+// message (type and object, no store_id) already serialized, once per event and type, into the
+// WatchCache's EventChunks: the slices are reference-counted and shared by every watcher that
+// gets it.
 struct Delivery {
   v1::WatchEvent::Type type;
   ObjectRef object;
-  grpc::Slice encoded;
+  grpc::Slice encoded;  // the WatchEvent: a message of its own
+  grpc::Slice element;  // the same as one element of a batch (tag, length, WatchEvent)
 };
-
-// Serializes a WatchEvent of `type` carrying `object` (no store_id) into one slice, without
-// copying the object.
-grpc::Slice EncodeWatchEvent(v1::WatchEvent::Type type, const v1::Object& object);
 
 // The receiving end of a watch, implemented by the Watch RPC's reactor (and by tests).
 class Watcher {
@@ -246,6 +247,9 @@ class WatchCache {
   // Bytes queued for watchers, summed (see AddBacklog).
   std::atomic<int64_t> backlog_{0};
   std::atomic<int64_t> watcher_count_{0};
+  // Where the dispatchers write the events' encodings; the first dispatcher lets idle chunks go
+  // at each sweep.
+  EventChunks chunks_;
 
   mutable absl::Mutex reg_mu_;
   bool shutting_down_ ABSL_GUARDED_BY(reg_mu_) = false;

@@ -1,7 +1,5 @@
 #include "cache_server/watch_reactor.h"
 
-#include <google/protobuf/io/coded_stream.h>
-
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 
@@ -14,15 +12,6 @@ grpc::Slice StoreIdSuffix(const std::string& store_id) {
   v1::WatchEvent only_id;
   only_id.set_store_id(store_id);
   return grpc::Slice(only_id.SerializeAsString());
-}
-
-// The tag and length that make an encoded WatchEvent one element of WatchEvent.events (field 4).
-grpc::Slice BatchElementHeader(size_t length) {
-  uint8_t buf[1 + 5];
-  buf[0] = (4 << 3) | 2;
-  uint8_t* end = google::protobuf::io::CodedOutputStream::WriteVarint32ToArray(
-      static_cast<uint32_t>(length), buf + 1);
-  return grpc::Slice(buf, static_cast<size_t>(end - buf));  // small: inlined, no allocation
 }
 
 }  // namespace
@@ -65,8 +54,19 @@ void WatchReactor::Init(WatchSpec spec,
 void WatchReactor::Deliver(const Delivery& delivery) {
   absl::MutexLock l(&mu_);
   if (finish_requested_) return;
-  live_.push_back(delivery.encoded);
-  live_bytes_ += delivery.encoded.size();
+  if (!batch_) {
+    live_.push_back(Pending{delivery.encoded, 1, false});
+    live_bytes_ += delivery.encoded.size();
+  } else {
+    // Most of the time the event follows the previous one in the same chunk: one longer run.
+    if (live_.empty() || !live_.back().elements ||
+        !ExtendRun(&live_.back().bytes, delivery.element)) {
+      live_.push_back(Pending{delivery.element, 0, true});
+    }
+    ++live_.back().events;
+    live_bytes_ += delivery.element.size();
+  }
+  ++live_events_;
   UpdateBacklogLocked();
   if (over_bound_.load(std::memory_order_relaxed)) CheckStalledLocked(absl::Now());
 }
@@ -88,8 +88,9 @@ void WatchReactor::Bookmark(int64_t revision) {
     if (finish_requested_ || !live_.empty() || !initial_.empty()) return;
     v1::Object bookmark;
     bookmark.mutable_metadata()->set_resource_version(absl::StrCat(revision));
-    live_.push_back(EncodeWatchEvent(v1::WatchEvent::BOOKMARK, bookmark));
-    live_bytes_ += live_.back().size();
+    live_.push_back(Pending{EncodeWatchEvent(v1::WatchEvent::BOOKMARK, bookmark), 1, false});
+    live_bytes_ += live_.back().bytes.size();
+    ++live_events_;
     a = NextLocked();
   }
   Act(a);
@@ -167,6 +168,7 @@ void WatchReactor::ClearLocked(bool done) {
   live_.clear();
   initial_.clear();
   live_bytes_ = 0;
+  live_events_ = 0;
   if (done) writing_bytes_ = 0;
   UpdateBacklogLocked();
 }
@@ -178,14 +180,14 @@ void WatchReactor::UpdateBacklogLocked() {
     backlog_ = held;
   }
   over_bound_.store(live_bytes_ > max_queue_bytes_ ||
-                        (max_pending_events_ > 0 && live_.size() > max_pending_events_),
+                        (max_pending_events_ > 0 && live_events_ > max_pending_events_),
                     std::memory_order_relaxed);
 }
 
 void WatchReactor::CheckStalledLocked(absl::Time now) {
   if (finish_requested_ || !over_bound_.load(std::memory_order_relaxed)) return;
   if (!writing_ || now - write_started_ < stall_timeout_) return;
-  size_t bytes = live_bytes_, events = live_.size();
+  size_t bytes = live_bytes_, events = live_events_;
   // Its message in flight stays with gRPC until the client reads or goes away, but no longer
   // holds the writers back.
   ClearLocked(/*done=*/true);
@@ -207,34 +209,38 @@ WatchReactor::Action WatchReactor::NextLocked() {
     return Action::kFinish;
   }
   // The events of this message: the initial ones first (encoded now), then live ones.
-  std::vector<grpc::Slice> events;
-  size_t bytes = 0;
+  std::vector<Pending> parts;
+  size_t bytes = 0, events = 0;
   while (!initial_.empty() || !live_.empty()) {
-    if (!events.empty() && (!batch_ || bytes >= kMaxBatchBytes)) break;
+    if (events > 0 && (!batch_ || bytes >= kMaxBatchBytes)) break;
     if (!initial_.empty()) {
       auto& [type, object] = initial_.front();
-      if (!events.empty() && bytes + object->ByteSizeLong() > kMaxBatchBytes) break;
-      events.push_back(EncodeWatchEvent(type, *object));
+      if (events > 0 && bytes + object->ByteSizeLong() > kMaxBatchBytes) break;
+      parts.push_back(Pending{EncodeWatchEvent(type, *object), 1, false});
       initial_.pop_front();
     } else {
-      if (!events.empty() && bytes + live_.front().size() > kMaxBatchBytes) break;
-      events.push_back(std::move(live_.front()));
+      if (events > 0 && bytes + live_.front().bytes.size() > kMaxBatchBytes) break;
+      parts.push_back(std::move(live_.front()));
       live_.pop_front();
-      live_bytes_ -= events.back().size();
+      live_bytes_ -= parts.back().bytes.size();
+      live_events_ -= parts.back().events;
     }
-    bytes += events.back().size();
+    bytes += parts.back().bytes.size();
+    events += parts.back().events;
   }
   writing_bytes_ = bytes;
   UpdateBacklogLocked();
 
+  // One event goes out as itself; several as the elements of one WatchEvent.
   std::vector<grpc::Slice> slices;
-  if (events.size() == 1) {
-    slices.push_back(std::move(events.front()));
+  if (events == 1) {
+    Pending& only = parts.front();
+    slices.push_back(only.elements ? ElementEvent(only.bytes) : std::move(only.bytes));
   } else {
-    slices.reserve(2 * events.size() + 1);
-    for (grpc::Slice& e : events) {
-      slices.push_back(BatchElementHeader(e.size()));
-      slices.push_back(std::move(e));
+    slices.reserve(2 * parts.size() + 1);
+    for (Pending& part : parts) {
+      if (!part.elements) slices.push_back(BatchElementHeader(part.bytes.size()));
+      slices.push_back(std::move(part.bytes));
     }
   }
   if (store_id_suffix_.size() > 0) slices.push_back(store_id_suffix_);

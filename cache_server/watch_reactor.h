@@ -2,7 +2,10 @@
 //
 // The stream is registered as a raw (ByteBuffer) method, so that each event is serialized once by
 // the WatchCache and the same bytes (a reference-counted slice) are sent to every watcher that
-// receives it: a message is assembled from shared slices, never copied or re-serialized.
+// receives it: a message is assembled from shared slices, never copied or re-serialized. A
+// watcher that asked for batches keeps consecutive events that lie side by side in one of the
+// cache's chunks (event_chunks.h) as one slice: its queue, and its messages, hold one slice per
+// run of events rather than one per event.
 //
 // Modelled on gRPC's own health-watch reactor: at most one write in flight; events wait in a
 // queue under the reactor's lock; Finish is called exactly once, after the queue has drained (or
@@ -110,8 +113,16 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>, public W
 
   absl::Mutex mu_;
   std::deque<std::pair<v1::WatchEvent::Type, ObjectRef>> initial_ ABSL_GUARDED_BY(mu_);
-  std::deque<grpc::Slice> live_ ABSL_GUARDED_BY(mu_);
+  // What waits to be sent: bare WatchEvents, or (for a watcher that asked for batches) runs of
+  // batch elements, each one slice of an EventChunks chunk.
+  struct Pending {
+    grpc::Slice bytes;
+    size_t events = 0;
+    bool elements = false;  // bytes are batch elements (WatchEvent.events), not a WatchEvent
+  };
+  std::deque<Pending> live_ ABSL_GUARDED_BY(mu_);
   size_t live_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t live_events_ ABSL_GUARDED_BY(mu_) = 0;
   // The bytes of the message in flight (also part of the backlog until its write completes).
   size_t writing_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // live_bytes_ + writing_bytes_, as last added to the cache's backlog.

@@ -118,6 +118,154 @@ TEST_F(WatchReactorTest, BatchedEventsArriveInOrder) {
   EXPECT_TRUE(reader.NothingMoreUpTo(51));
 }
 
+// A watch read message by message, as they come off the wire.
+class RawWatch {
+ public:
+  RawWatch(v1::Store::Stub* stub, const v1::WatchRequest& request) {
+    ctx_.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    reader_ = stub->Watch(&ctx_, request);
+  }
+  ~RawWatch() {
+    ctx_.TryCancel();
+    (void)reader_->Finish();
+  }
+
+  // Reads until the initial-events-end bookmark; false if the stream ended first.
+  bool SkipInitial() {
+    v1::WatchEvent m;
+    while (reader_->Read(&m)) {
+      if (m.type() == v1::WatchEvent::BOOKMARK &&
+          m.object().metadata().annotations().contains(kInitialEventsEndAnnotation)) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // Summaries of the next `n` events that are not bookmarks, whether they come one a message or
+  // as the elements of batches (fewer if the stream ends first).
+  std::vector<std::string> Take(size_t n) {
+    std::vector<std::string> taken;
+    v1::WatchEvent m;
+    while (taken.size() < n && reader_->Read(&m)) {
+      ++messages_;
+      EXPECT_FALSE(m.store_id().empty()) << "a message without the store's identity";
+      if (m.events_size() > 1) ++batches_;
+      std::vector<v1::WatchEvent> events(m.events().begin(), m.events().end());
+      if (events.empty()) events.push_back(m);
+      for (const v1::WatchEvent& e : events) {
+        if (e.type() != v1::WatchEvent::BOOKMARK) taken.push_back(Summary(e));
+      }
+    }
+    return taken;
+  }
+
+  int messages() const { return messages_; }
+  int batches() const { return batches_; }
+
+ private:
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReader<v1::WatchEvent>> reader_;
+  int messages_ = 0;
+  int batches_ = 0;
+};
+
+// Live events that pile up for a watcher (the store's commits held back, then let go at once)
+// go out as batches of the runs it holds: every event once, in order, in a few messages. A
+// watcher with a label selector, whose events are not side by side in the cache's chunks (it
+// skips some, and sees others as a different type), and one that asked for no batches, get
+// theirs exactly too.
+TEST_F(WatchReactorTest, EventsThatPileUp_GoOutInOrderInFewMessages) {
+  Start();
+  v1::WatchRequest all = WatchReq(Widgets());
+  all.set_batch_events(true);
+  v1::WatchRequest kept = all;
+  kept.set_label_selector("keep=yes");
+  RawWatch batched(server_->stub(), all);
+  RawWatch filtered(server_->stub(), kept);
+  RawWatch single(server_->stub(), WatchReq(Widgets()));
+  ASSERT_TRUE(batched.SkipInitial());
+  ASSERT_TRUE(filtered.SkipInitial());
+  ASSERT_TRUE(single.SkipInitial());
+
+  auto labelled = [](const std::string& name, bool keep) {
+    v1::Object o = Widget(name, "some data");
+    (*o.mutable_metadata()->mutable_labels())["keep"] = keep ? "yes" : "no";
+    return o;
+  };
+  // Each change as every watcher without a selector sees it, and as the filtered one does.
+  struct Change {
+    std::string type, name, filtered_type;
+  };
+  std::vector<Change> changes;
+  for (int i = 0; i < 40; ++i)
+    changes.push_back({"ADDED", absl::StrCat("w", i), i % 2 == 0 ? "ADDED" : ""});
+  for (int i = 0; i < 10; ++i) {  // the label flips: out of the selector, or into it
+    changes.push_back({"MODIFIED", absl::StrCat("w", i), i % 2 == 0 ? "DELETED" : "ADDED"});
+  }
+  for (int i = 10; i < 15; ++i)
+    changes.push_back({"DELETED", absl::StrCat("w", i), i % 2 == 0 ? "DELETED" : ""});
+
+  server_->storage().Close();
+  absl::Mutex mu;
+  std::vector<int64_t> revisions(changes.size(), 0);
+  int answered = 0;
+  for (size_t i = 0; i < changes.size(); ++i) {
+    auto done = [&, i](int64_t rv) {
+      absl::MutexLock l(&mu);
+      revisions[i] = rv;
+      ++answered;
+    };
+    auto object_done = [done](absl::StatusOr<ObjectRef> r) {
+      EXPECT_TRUE(r.ok()) << r.status();
+      done(r.ok() ? std::stoll((*r)->metadata().resource_version()) : -1);
+    };
+    const int n = std::stoi(changes[i].name.substr(1));
+    if (changes[i].type == "ADDED") {
+      v1::CreateRequest req;
+      *req.mutable_resource() = Widgets();
+      *req.mutable_object() = labelled(changes[i].name, n % 2 == 0);
+      server_->store().CreateAsync(req, object_done);
+    } else if (changes[i].type == "MODIFIED") {
+      v1::UpdateRequest req;
+      *req.mutable_resource() = Widgets();
+      *req.mutable_object() = labelled(changes[i].name, n % 2 != 0);
+      server_->store().UpdateAsync(req, object_done);
+    } else {
+      v1::DeleteRequest req;
+      *req.mutable_resource() = Widgets();
+      req.set_namespace_("ns");
+      req.set_name(changes[i].name);
+      server_->store().DeleteAsync(req, [done](absl::StatusOr<ObjectStore::DeleteResult> r) {
+        EXPECT_TRUE(r.ok()) << r.status();
+        done(r.ok() ? std::stoll(r->object->metadata().resource_version()) : -1);
+      });
+    }
+  }
+  server_->storage().Open();
+  ASSERT_TRUE(Eventually(
+      [&] {
+        absl::MutexLock l(&mu);
+        return answered == static_cast<int>(changes.size());
+      },
+      "every change is answered"));
+
+  std::vector<std::string> expected_all, expected_filtered;
+  for (size_t i = 0; i < changes.size(); ++i) {
+    expected_all.push_back(Summary(changes[i].type, changes[i].name, revisions[i]));
+    if (!changes[i].filtered_type.empty()) {
+      expected_filtered.push_back(Summary(changes[i].filtered_type, changes[i].name, revisions[i]));
+    }
+  }
+  EXPECT_EQ(batched.Take(expected_all.size()), expected_all);
+  EXPECT_GE(batched.batches(), 1);
+  EXPECT_LE(batched.messages(), 10) << "the events that piled up did not go out together";
+  EXPECT_EQ(filtered.Take(expected_filtered.size()), expected_filtered);
+  EXPECT_LT(filtered.messages(), static_cast<int>(expected_filtered.size()));
+  EXPECT_EQ(single.Take(expected_all.size()), expected_all);
+  EXPECT_EQ(single.batches(), 0);
+}
+
 TEST_F(WatchReactorTest, AnIdleWatcherGetsPeriodicBookmarks) {
   Start();  // bookmarks every 100 ms
   int64_t rv = Create(Widget("w1"));
