@@ -20,12 +20,14 @@
 
 namespace shardcache {
 
-// Blocks SIGTERM and SIGINT (see signals.h), turns off Abseil's mutex deadlock detection
-// (Debian's Abseil has it on, which puts every lock acquisition through a global graph: too
-// costly for a server; the tests keep it on), sets the --help text (flags listed by source file,
-// without build-tree paths) and the --version text (common/flags.h's VersionText), checks the
-// flags (CheckCommandLine; an error is returned, nothing parsed) and parses them in either
-// spelling. --help and --version print and exit, as Abseil does.
+// Tunes glibc's malloc for a long-running server with many threads (two arenas, fixed mmap and trim
+// thresholds; not when MALLOC_ARENA_MAX or GLIBC_TUNABLES is set), blocks SIGTERM and SIGINT (see
+// signals.h), turns off Abseil's mutex deadlock detection (Debian's Abseil has it on, which puts
+// every lock acquisition through a global graph: too costly for a server; the tests keep it on),
+// sets the --help text (flags listed by source file, without build-tree paths) and the --version
+// text (common/flags.h's VersionText), checks the flags (CheckCommandLine; an error is returned,
+// nothing parsed) and parses them in either spelling. --help and --version print and exit, as
+// Abseil does.
 absl::Status InitServerMain(int argc, char** argv, const char* usage);
 
 // Says on stderr why the server refuses to start ("<program>: refusing to start: <why>", the
