@@ -200,7 +200,7 @@ class ReplicationControllerFakeTest : public ::testing::Test {
 
   // Starts the informers over `local` and `copies`, then the controller.
   void Start(std::vector<v1::Object> local, std::vector<v1::Object> copies,
-             const std::string& selector = "") {
+             const std::string& selector = "", int workers = 2) {
     auto local_lw = std::make_unique<ScriptedListerWatcher>(RealClock::Get());
     local_lw_ = local_lw.get();
     local_lw_->SetListObjects("shard-store", "10", std::move(local));
@@ -234,7 +234,7 @@ class ReplicationControllerFakeTest : public ::testing::Test {
       o.spec.selector = *parsed;
       o.spec.selector_string = selector;
     }
-    o.workers = 2;
+    o.workers = workers;
     o.clock = &clock_;
     o.writer = &writer_;
     o.on_stopped = [this](const absl::Status& s) {
@@ -314,21 +314,27 @@ TEST_F(ReplicationControllerFakeTest, DeletesCopiesThatNothingBacks) {
 
 TEST_F(ReplicationControllerFakeTest, ChangeWhileAWriteIsInFlightIsReconciledAfterItsAnswer) {
   writer_.Hold();
-  ASSERT_NO_FATAL_FAILURE(Start({LocalWidget("w1", "10")}, {}));
+  // One worker: it takes the keys in the order their changes come.
+  ASSERT_NO_FATAL_FAILURE(Start({LocalWidget("w1", "10")}, {}, "", /*workers=*/1));
   ASSERT_TRUE(Until([&] { return writer_.Held() == 1; }, "w1's write in flight"));
   v1::Object changed = LocalWidget("w1", "11");
   (*changed.mutable_spec()->mutable_fields())["size"].set_number_value(4);
   ASSERT_TRUE(PushWhenWatching(*local_lw_, Event(v1::WatchEvent::MODIFIED, changed)));
-  ASSERT_TRUE(
-      Until([&] { return local_->store().List().front()->metadata().resource_version() == "11"; },
-            "the informer shows the change"));
+  // Another key's change after it: once its write is in flight, the worker has been through
+  // w1's change.
+  ASSERT_TRUE(PushWhenWatching(*local_lw_, Event(v1::WatchEvent::ADDED, LocalWidget("w2", "12"))));
+  ASSERT_TRUE(Until([&] { return writer_.Held() == 2; }, "w2's write in flight"));
   // A second write of the key waits for the first one's answer.
-  EXPECT_EQ(writer_.WriteCount(), 1);
-  EXPECT_EQ(controller_->Pending(), 1);
+  EXPECT_EQ(writer_.Upserts("w1"), 1);
+  EXPECT_EQ(controller_->Pending(), 2);
   writer_.Release();
   ASSERT_TRUE(Until([&] { return writer_.Upserts("w1") >= 2 && controller_->Pending() == 0; },
                     "the change is written after the answer"));
-  EXPECT_EQ(writer_.Writes().back().upsert().object().spec().fields().at("size").number_value(), 4);
+  v1::Object last_w1;
+  for (const v1::WriteRequest& w : writer_.Writes()) {
+    if (w.upsert().object().metadata().name() == "w1") last_w1 = w.upsert().object();
+  }
+  EXPECT_EQ(last_w1.spec().fields().at("size").number_value(), 4);
 }
 
 TEST_F(ReplicationControllerFakeTest, UnavailableWritesAreParkedAndFlushedWhenAvailable) {
@@ -353,6 +359,13 @@ TEST_F(ReplicationControllerFakeTest, OtherErrorsAreRetriedWithBackoff) {
   ASSERT_NO_FATAL_FAILURE(Start({LocalWidget("w1", "10")}, {}));
   ASSERT_TRUE(Until([&] { return writer_.Upserts("w1") >= 1; }, "the first attempt"));
   writer_.Drain();
+  // The key waits for its backoff: a deadline on the controller's clock, which has not moved.
+  ASSERT_TRUE(Until(
+      [&] {
+        absl::Time next = clock_.NextDeadline();
+        return next != absl::InfiniteFuture() && next > clock_.Now();
+      },
+      "the retry is scheduled"));
   int attempts = writer_.Upserts("w1");
   EXPECT_EQ(writer_.WhenAvailableWaiting(), 0) << "not parked";
   EXPECT_TRUE(writer_.Available());
