@@ -23,6 +23,7 @@ WatchReactor::WatchReactor(WatchCache* cache, StoreMetrics* metrics, size_t max_
       max_pending_events_(max_pending_events),
       max_queue_bytes_(cache->options().watcher_queue_bytes),
       stall_timeout_(cache->options().stall_timeout),
+      clock_(cache->options().clock),
       store_id_suffix_(StoreIdSuffix(store_id)) {}
 
 void WatchReactor::Begin() {
@@ -68,7 +69,7 @@ void WatchReactor::Deliver(const Delivery& delivery) {
   }
   ++live_events_;
   UpdateBacklogLocked();
-  if (over_bound_.load(std::memory_order_relaxed)) CheckStalledLocked(absl::Now());
+  if (over_bound_.load(std::memory_order_relaxed)) CheckStalledLocked(clock_->Now());
 }
 
 void WatchReactor::Flush() {
@@ -246,7 +247,7 @@ WatchReactor::Action WatchReactor::NextLocked() {
   if (store_id_suffix_.size() > 0) slices.push_back(store_id_suffix_);
   out_ = grpc::ByteBuffer(slices.data(), slices.size());
   writing_ = true;
-  write_started_ = absl::Now();
+  write_started_ = clock_->Now();
   return Action::kWrite;
 }
 

@@ -104,6 +104,8 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>, public W
   const size_t max_pending_events_;
   const size_t max_queue_bytes_;
   const absl::Duration stall_timeout_;
+  // The WatchCache's clock, which also gives Sweep its `now`.
+  const Clock* const clock_;
   // The encoding of a WatchEvent with only store_id set, appended to every message; empty when
   // there is no identity to send.
   const grpc::Slice store_id_suffix_;

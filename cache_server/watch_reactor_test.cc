@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cache_server/testing/in_process_server.h"
+#include "common/clock.h"
 #include "common/testing/channels.h"
 #include "common/testing/objects.h"
 #include "common/testing/wait.h"
@@ -73,6 +74,8 @@ class WatchReactorTest : public ::testing::Test {
     return deleted.ok() ? std::stoll(deleted->object->metadata().resource_version()) : 0;
   }
 
+  // For tests that run the WatchCache on a fake clock; outlives server_.
+  FakeClock fake_clock_;
   std::unique_ptr<InProcessServer> server_;
 };
 
@@ -327,6 +330,44 @@ TEST_F(WatchReactorTest, AClientThatStopsReadingIsEndedWhileAnotherGoesOn) {
   EXPECT_THAT(status.error_message(), HasSubstr("watcher too slow"));
   EXPECT_TRUE(Eventually([&] { return server_->watch_cache().watcher_count() == 1; },
                          "the slow watcher is unregistered"));
+}
+
+// The stall that ends a watcher is measured on the WatchCache's clock: with nothing more
+// delivered (no writes), the sweeps alone end a batched watcher whose client stopped reading, as
+// soon as that clock has passed the stall timeout.
+TEST_F(WatchReactorTest, AStalledClientIsEndedByTheSweepsOnTheCachesClock) {
+  InProcessServer::Options options;
+  options.watch.clock = &fake_clock_;
+  options.watch.watcher_queue_bytes = 1024;
+  options.watch.stall_timeout = absl::Seconds(5);
+  Start(options);
+  const int64_t from = Create(Widget("w0"));
+  auto slow_channel = testing::NonGrowingWindowChannel(server_->target());
+  auto slow_stub = v1::Store::NewStub(slow_channel);
+  grpc::ClientContext slow_ctx;
+  slow_ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(90)));
+  v1::WatchRequest req = WatchReq(Widgets(), from);
+  req.set_batch_events(true);
+  auto slow = slow_stub->Watch(&slow_ctx, req);
+  ASSERT_TRUE(Eventually([&] { return server_->watch_cache().watcher_count() == 1; },
+                         "the slow watch is registered"));
+  const std::string big(100 * 1024, 'x');
+  for (int i = 0; i < 20; ++i) Create(Widget(absl::StrCat("big", i), big));
+  EXPECT_EQ(server_->metrics().watchers_too_slow.Value(), 0) << "ended before its stall timeout";
+  bool ended = Eventually(
+      [&] {
+        fake_clock_.Advance(absl::Seconds(1));
+        return server_->metrics().watchers_too_slow.Value() == 1;
+      },
+      "the sweeps end the slow watcher");
+  EXPECT_TRUE(ended);
+  if (!ended) slow_ctx.TryCancel();
+  v1::WatchEvent e;
+  while (slow->Read(&e)) {
+  }
+  grpc::Status status = slow->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("watcher too slow"));
 }
 
 TEST_F(WatchReactorTest, ACancelledWatchIsUnregistered) {
