@@ -9,7 +9,6 @@
 #include <spdlog/spdlog.h>
 
 #include <atomic>
-#include <cstdio>
 #include <optional>
 #include <utility>
 
@@ -25,7 +24,6 @@
 #include "cache_server/watch_cache.h"
 #include "common/flags.h"
 #include "common/http_server.h"
-#include "common/logging.h"
 #include "common/port_file.h"
 #include "common/server_main.h"
 #include "common/signals.h"
