@@ -35,6 +35,7 @@ using testing::FakeShardStoreWriter;
 using testing::PushWhenWatching;
 using testing::ScriptedListerWatcher;
 using testing::ScriptedSource;
+using testing::WatchEventOf;
 
 constexpr char kShard[] = "a";
 constexpr char kCluster[] = "root";
@@ -79,13 +80,6 @@ v1::Object Widget(const std::string& name, const std::string& tier = "gold") {
   return o;
 }
 
-v1::WatchEvent Event(v1::WatchEvent::Type type, v1::Object object) {
-  v1::WatchEvent e;
-  e.set_type(type);
-  *e.mutable_object() = std::move(object);
-  return e;
-}
-
 const google::protobuf::Value* Field(const google::protobuf::Struct& s, const std::string& name) {
   auto it = s.fields().find(name);
   return it == s.fields().end() ? nullptr : &it->second;
@@ -116,7 +110,7 @@ class CcrControllerTest : public ::testing::Test {
     definitions()->SetListObjects("store-1", "1", {WidgetsDefinition()});
     shard_writer_.OnStored([this](const v1::Object& o) {
       // As the store's watch shows the write.
-      PushWhenWatching(*ccr_lw(), Event(v1::WatchEvent::MODIFIED, o));
+      PushWhenWatching(*ccr_lw(), WatchEventOf(v1::WatchEvent::MODIFIED, o));
     });
   }
 
@@ -400,7 +394,7 @@ TEST_F(CcrControllerTest, DeletionPurgesCopiesThenRemovesTheFinalizer) {
   EXPECT_EQ(shard_writer_.Updates(), 0) << "the finalizer stays while copies are left";
 
   // The cache shows the copy gone: Deleted, and the finalizer goes.
-  ASSERT_TRUE(PushWhenWatching(*copied_widgets(), Event(v1::WatchEvent::DELETED, copy)));
+  ASSERT_TRUE(PushWhenWatching(*copied_widgets(), WatchEventOf(v1::WatchEvent::DELETED, copy)));
   ASSERT_TRUE(Advancing([&] { return shard_writer_.Updates() >= 1; }, "the finalizer is removed"));
   EXPECT_EQ(Phase(LastStatus("c1")), "Deleted");
   EXPECT_EQ(shard_writer_.UpdateRequests().back().object().metadata().finalizers_size(), 0);
@@ -424,9 +418,9 @@ TEST_F(CcrControllerTest, TheCcrsCopyIsWrittenAndRemoved) {
   // The cache holds the copy; the CCR goes from the shard store: its copy is removed.
   v1::Object held = written.upsert().object();
   held.mutable_metadata()->set_resource_version("200");
-  ASSERT_TRUE(PushWhenWatching(*copied_ccrs(), Event(v1::WatchEvent::ADDED, held)));
+  ASSERT_TRUE(PushWhenWatching(*copied_ccrs(), WatchEventOf(v1::WatchEvent::ADDED, held)));
   shard_writer_.Remove(ccr);
-  ASSERT_TRUE(PushWhenWatching(*ccr_lw(), Event(v1::WatchEvent::DELETED, ccr)));
+  ASSERT_TRUE(PushWhenWatching(*ccr_lw(), WatchEventOf(v1::WatchEvent::DELETED, ccr)));
   EXPECT_TRUE(Advancing([&] { return writer_.Deletes("c1") >= 1; }, "the copy is removed"));
 }
 
@@ -531,7 +525,7 @@ TEST_F(CcrControllerTest, ResourceServedAgainReenqueuesAtOnce) {
 
   // The definition goes: the controller stops, the status says so.
   ASSERT_TRUE(
-      PushWhenWatching(*definitions(), Event(v1::WatchEvent::DELETED, WidgetsDefinition())));
+      PushWhenWatching(*definitions(), WatchEventOf(v1::WatchEvent::DELETED, WidgetsDefinition())));
   ASSERT_TRUE(Eventually(
       [&] {
         return Condition(LastStatus("c1"), "ReplicationStarted") == "False/ResourceNotServed";
@@ -542,7 +536,7 @@ TEST_F(CcrControllerTest, ResourceServedAgainReenqueuesAtOnce) {
   // does not move), and replication starts on new informers.
   v1::Object back = WidgetsDefinition();
   back.mutable_metadata()->set_resource_version("9");
-  ASSERT_TRUE(PushWhenWatching(*definitions(), Event(v1::WatchEvent::ADDED, back)));
+  ASSERT_TRUE(PushWhenWatching(*definitions(), WatchEventOf(v1::WatchEvent::ADDED, back)));
   EXPECT_TRUE(Eventually(
       [&] {
         return shard_writer_.StatusWrites() > writes &&

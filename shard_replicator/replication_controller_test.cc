@@ -34,6 +34,7 @@ using testing::FakeCacheWriter;
 using testing::PushWhenWatching;
 using testing::ScriptedListerWatcher;
 using testing::ServerProcess;
+using testing::WatchEventOf;
 
 constexpr char kShard[] = "a";
 constexpr char kCluster[] = "root";
@@ -181,13 +182,6 @@ v1::Object Copy(const v1::Object& local, const std::string& rv) {
   return copy;
 }
 
-v1::WatchEvent Event(v1::WatchEvent::Type type, v1::Object object) {
-  v1::WatchEvent e;
-  e.set_type(type);
-  *e.mutable_object() = std::move(object);
-  return e;
-}
-
 // The same controller over a fake cache writer: no process.
 class ReplicationControllerFakeTest : public ::testing::Test {
  protected:
@@ -319,10 +313,11 @@ TEST_F(ReplicationControllerFakeTest, ChangeWhileAWriteIsInFlightIsReconciledAft
   ASSERT_TRUE(Until([&] { return writer_.Held() == 1; }, "w1's write in flight"));
   v1::Object changed = LocalWidget("w1", "11");
   (*changed.mutable_spec()->mutable_fields())["size"].set_number_value(4);
-  ASSERT_TRUE(PushWhenWatching(*local_lw_, Event(v1::WatchEvent::MODIFIED, changed)));
+  ASSERT_TRUE(PushWhenWatching(*local_lw_, WatchEventOf(v1::WatchEvent::MODIFIED, changed)));
   // Another key's change after it: once its write is in flight, the worker has been through
   // w1's change.
-  ASSERT_TRUE(PushWhenWatching(*local_lw_, Event(v1::WatchEvent::ADDED, LocalWidget("w2", "12"))));
+  ASSERT_TRUE(
+      PushWhenWatching(*local_lw_, WatchEventOf(v1::WatchEvent::ADDED, LocalWidget("w2", "12"))));
   ASSERT_TRUE(Until([&] { return writer_.Held() == 2; }, "w2's write in flight"));
   // A second write of the key waits for the first one's answer.
   EXPECT_EQ(writer_.Upserts("w1"), 1);

@@ -23,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/testing/objects.h"
 #include "common/testing/server_process.h"
 #include "common/testing/status_matchers.h"
 #include "common/testing/wait.h"
@@ -38,13 +39,7 @@ using ::shardcache::testing::StatusIs;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-v1::GroupVersionResource Widgets() {
-  v1::GroupVersionResource gvr;
-  gvr.set_group("example.com");
-  gvr.set_version("v1");
-  gvr.set_resource("widgets");
-  return gvr;
-}
+v1::GroupVersionResource Widgets() { return testing::Gvr("example.com", "v1", "widgets"); }
 
 v1::Object Widget(const std::string& name, const std::string& spec_json = "{}") {
   v1::Object obj;

@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/client/store_client.h"
+#include "common/testing/objects.h"
 #include "common/testing/server_process.h"
 #include "common/testing/status_matchers.h"
 
@@ -38,13 +39,7 @@ constexpr int kFailedPrecondition = static_cast<int>(absl::StatusCode::kFailedPr
 constexpr int kUnavailable = static_cast<int>(absl::StatusCode::kUnavailable);
 constexpr int kCancelled = static_cast<int>(absl::StatusCode::kCancelled);
 
-v1::GroupVersionResource Widgets() {
-  v1::GroupVersionResource gvr;
-  gvr.set_group("example.com");
-  gvr.set_version("v1");
-  gvr.set_resource("widgets");
-  return gvr;
-}
+v1::GroupVersionResource Widgets() { return testing::Gvr("example.com", "v1", "widgets"); }
 
 v1::Object Widget(const std::string& name, int n) {
   v1::Object obj;

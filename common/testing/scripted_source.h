@@ -135,6 +135,14 @@ class ScriptedSource {
   std::map<std::string, int> taken_ ABSL_GUARDED_BY(mu_);
 };
 
+// A watch event of `type` carrying `object`, for PushWhenWatching.
+inline v1::WatchEvent WatchEventOf(v1::WatchEvent::Type type, v1::Object object) {
+  v1::WatchEvent e;
+  e.set_type(type);
+  *e.mutable_object() = std::move(object);
+  return e;
+}
+
 // Pushes `event` into the newest watch stream of `lw`, waiting (real time, up to `timeout`)
 // for one to be open. False when none opened in time.
 inline bool PushWhenWatching(ScriptedListerWatcher& lw, v1::WatchEvent event,
