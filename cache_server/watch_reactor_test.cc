@@ -74,6 +74,23 @@ class WatchReactorTest : public ::testing::Test {
     return deleted.ok() ? std::stoll(deleted->object->metadata().resource_version()) : 0;
   }
 
+  // A watch on a connection of its own whose client does not read: once HTTP/2 flow control
+  // stops the server's writes, its live events pile up on the server.
+  struct StalledWatch {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::Store::Stub> stub;
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReader<v1::WatchEvent>> reader;
+  };
+  std::unique_ptr<StalledWatch> OpenStalledWatch(const v1::WatchRequest& request) {
+    auto w = std::make_unique<StalledWatch>();
+    w->channel = testing::NonGrowingWindowChannel(server_->target());
+    w->stub = v1::Store::NewStub(w->channel);
+    w->ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(90)));
+    w->reader = w->stub->Watch(&w->ctx, request);
+    return w;
+  }
+
   // For tests that run the WatchCache on a fake clock; outlives server_.
   FakeClock fake_clock_;
   std::unique_ptr<InProcessServer> server_;
@@ -290,13 +307,7 @@ TEST_F(WatchReactorTest, AClientThatStopsReadingIsEndedWhileAnotherGoesOn) {
   Start(options);
   const int64_t from = Create(Widget("w0"));
 
-  // A watcher on its own connection that does not read: once HTTP/2 flow control stops the
-  // server's writes, its live events pile up on the server.
-  auto slow_channel = testing::NonGrowingWindowChannel(server_->target());
-  auto slow_stub = v1::Store::NewStub(slow_channel);
-  grpc::ClientContext slow_ctx;
-  slow_ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(90)));
-  auto slow = slow_stub->Watch(&slow_ctx, WatchReq(Widgets(), from));
+  auto slow = OpenStalledWatch(WatchReq(Widgets(), from));
   ASSERT_TRUE(Eventually([&] { return server_->watch_cache().watcher_count() == 1; },
                          "the slow watch is registered"));
   WatchReader healthy(server_->stub(), WatchReq(Widgets(), from));
@@ -313,7 +324,7 @@ TEST_F(WatchReactorTest, AClientThatStopsReadingIsEndedWhileAnotherGoesOn) {
   bool ended = Eventually([&] { return server_->metrics().watchers_too_slow.Value() == 1; },
                           "the slow watcher is ended");
   EXPECT_TRUE(ended);
-  if (!ended) slow_ctx.TryCancel();  // so that the reads below end
+  if (!ended) slow->ctx.TryCancel();  // so that the reads below end
   // The healthy watcher got every event and goes on.
   EXPECT_EQ(healthy.Take(kObjects, absl::Seconds(30)), expected);
   int64_t rv = Create(Widget("after"));
@@ -323,8 +334,8 @@ TEST_F(WatchReactorTest, AClientThatStopsReadingIsEndedWhileAnotherGoesOn) {
   // The slow one reads what was sent before its end, then RESOURCE_EXHAUSTED.
   v1::WatchEvent e;
   int read = 0;
-  while (read <= kObjects && slow->Read(&e)) ++read;
-  grpc::Status status = slow->Finish();
+  while (read <= kObjects && slow->reader->Read(&e)) ++read;
+  grpc::Status status = slow->reader->Finish();
   EXPECT_LT(read, kObjects) << "the slow watcher got every event";
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
   EXPECT_THAT(status.error_message(), HasSubstr("watcher too slow"));
@@ -342,13 +353,9 @@ TEST_F(WatchReactorTest, AStalledClientIsEndedByTheSweepsOnTheCachesClock) {
   options.watch.stall_timeout = absl::Seconds(5);
   Start(options);
   const int64_t from = Create(Widget("w0"));
-  auto slow_channel = testing::NonGrowingWindowChannel(server_->target());
-  auto slow_stub = v1::Store::NewStub(slow_channel);
-  grpc::ClientContext slow_ctx;
-  slow_ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(90)));
   v1::WatchRequest req = WatchReq(Widgets(), from);
   req.set_batch_events(true);
-  auto slow = slow_stub->Watch(&slow_ctx, req);
+  auto slow = OpenStalledWatch(req);
   ASSERT_TRUE(Eventually([&] { return server_->watch_cache().watcher_count() == 1; },
                          "the slow watch is registered"));
   const std::string big(100 * 1024, 'x');
@@ -361,11 +368,11 @@ TEST_F(WatchReactorTest, AStalledClientIsEndedByTheSweepsOnTheCachesClock) {
       },
       "the sweeps end the slow watcher");
   EXPECT_TRUE(ended);
-  if (!ended) slow_ctx.TryCancel();
+  if (!ended) slow->ctx.TryCancel();
   v1::WatchEvent e;
-  while (slow->Read(&e)) {
+  while (slow->reader->Read(&e)) {
   }
-  grpc::Status status = slow->Finish();
+  grpc::Status status = slow->reader->Finish();
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
   EXPECT_THAT(status.error_message(), HasSubstr("watcher too slow"));
 }
