@@ -1,8 +1,11 @@
 #include "cache_server/watch_cache.h"
 
 #include <algorithm>
+#include <chrono>
 #include <mutex>
 #include <optional>
+
+#include "absl/time/clock.h"
 
 namespace shardcache {
 
@@ -60,6 +63,7 @@ WatchCache::WatchCache(Options options, StoreMetrics* metrics)
 }
 
 WatchCache::~WatchCache() {
+  ShutdownCompletionQueues();
   for (auto& d : dispatchers_) {
     absl::MutexLock l(&d->queue_mu);
     d->stopping = true;
@@ -119,6 +123,11 @@ void WatchCache::Enqueue(std::vector<Item> items) {
       metrics_->watch_backpressure_seconds.Increment(absl::ToDoubleSeconds(absl::Now() - start));
     }
     d->queue.insert(d->queue.end(), items.begin(), items.end());
+    // A dispatcher waiting on its completion queue does not see the condition: wake it there.
+    if (d->cq_state == QueueState::kOpen && d->sleeping && !d->wake_pending) {
+      d->wake_pending = true;
+      d->alarm.Set(d->cq.get(), gpr_time_0(GPR_CLOCK_REALTIME), static_cast<Completion*>(&d->wake));
+    }
   }
 }
 
@@ -131,10 +140,8 @@ void WatchCache::CountChanged(Dispatcher* d, int delta) {
 absl::Status WatchCache::Register(Watcher* watcher) {
   absl::MutexLock r(&reg_mu_);
   if (shutting_down_) return absl::UnavailableError("server shutting down");
-  int best = 0;
-  for (int i = 1; i < static_cast<int>(dispatchers_.size()); ++i) {
-    if (dispatchers_[i]->count.load() < dispatchers_[best]->count.load()) best = i;
-  }
+  int best = watcher->pinned_dispatcher();
+  if (best < 0 || best >= static_cast<int>(dispatchers_.size())) best = LeastLoadedDispatcher();
   Dispatcher* d = dispatchers_[best].get();
   watcher->dispatcher_ = best;
   absl::MutexLock l(&d->watchers_mu);
@@ -196,47 +203,178 @@ void WatchCache::Run(Dispatcher* d) {
   std::deque<Item> batch;
   std::vector<Watcher*> unflushed;
   while (true) {
+    if (!Wait(d, std::min(next_bookmark, next_sweep))) return;
     {
       absl::MutexLock l(&d->queue_mu);
-      auto ready = [d]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->queue_mu) {
-        return d->stopping || !d->queue.empty();
-      };
-      clock->AwaitWithDeadline(&d->queue_mu, absl::Condition(&ready),
-                               std::min(next_bookmark, next_sweep));
-      if (d->stopping) return;
       batch.swap(d->queue);
     }
-    absl::MutexLock l(&d->watchers_mu);
-    // Every event taken goes out before any is sent: a watcher gets the run in one write (as one
-    // batch, when it asked for batches) rather than the first event alone.
-    for (const Item& item : batch) Dispatch(d, item, &unflushed);
-    batch.clear();
-    absl::Time now = clock->Now();
-    for (Watcher* w : unflushed) {
-      w->unflushed_ = false;
-      w->last_sent_ = now;
-      w->Flush();
-    }
-    unflushed.clear();
-    if (now >= next_sweep) {
-      for (auto& [gr, set] : d->watchers) {
-        for (Watcher* w : set) w->Sweep(now);
+    {
+      absl::MutexLock l(&d->watchers_mu);
+      // Every event taken goes out before any is sent: a watcher gets the run in one write (as
+      // one batch, when it asked for batches) rather than the first event alone.
+      for (const Item& item : batch) Dispatch(d, item, &unflushed);
+      batch.clear();
+      absl::Time now = clock->Now();
+      for (Watcher* w : unflushed) {
+        w->unflushed_ = false;
+        w->last_sent_ = now;
+        w->Flush();
       }
-      if (d == dispatchers_.front().get()) chunks_.ReleaseIdle();
-      next_sweep = now + kSweepInterval;
-    }
-    if (now >= next_bookmark) {
-      for (auto& [gr, set] : d->watchers) {
-        for (Watcher* w : set) {
-          if (w->bookmark_slot_ != slot || now - w->last_sent_ < idle_for_bookmark) continue;
-          w->Bookmark(std::max(d->dispatched_revision, w->spec().start_revision));
-          w->last_sent_ = now;
+      unflushed.clear();
+      if (now >= next_sweep) {
+        for (auto& [gr, set] : d->watchers) {
+          for (Watcher* w : set) w->Sweep(now);
         }
+        if (d == dispatchers_.front().get()) chunks_.ReleaseIdle();
+        next_sweep = now + kSweepInterval;
       }
-      slot = (slot + 1) % kBookmarkSlots;
-      next_bookmark = now + slot_period;
+      if (now >= next_bookmark) {
+        for (auto& [gr, set] : d->watchers) {
+          for (Watcher* w : set) {
+            if (w->bookmark_slot_ != slot || now - w->last_sent_ < idle_for_bookmark) continue;
+            w->Bookmark(std::max(d->dispatched_revision, w->spec().start_revision));
+            w->last_sent_ = now;
+          }
+        }
+        slot = (slot + 1) % kBookmarkSlots;
+        next_bookmark = now + slot_period;
+      }
+    }
+    // The writes just started that completed at once (their clients keep up) are followed up
+    // here, on this thread, before waiting again.
+    RunReadyCompletions(d);
+  }
+}
+
+bool WatchCache::Wait(Dispatcher* d, absl::Time deadline) {
+  const Clock* clock = options_.clock;
+  while (true) {
+    {
+      absl::MutexLock l(&d->queue_mu);
+      if (d->stopping) return false;
+      if (!d->queue.empty() || clock->Now() >= deadline) return true;
+      if (d->cq_state == QueueState::kNone || d->cq_state == QueueState::kDrained) {
+        auto ready = [d]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->queue_mu) {
+          return d->stopping || !d->queue.empty() ||
+                 (d->cq_state != QueueState::kNone && d->cq_state != QueueState::kDrained);
+        };
+        clock->AwaitWithDeadline(&d->queue_mu, absl::Condition(&ready), deadline);
+        continue;
+      }
+      d->sleeping = true;
+    }
+    // gRPC waits in real time: on another clock (a test's), look at it again every few
+    // milliseconds.
+    absl::Time real_deadline =
+        clock == RealClock::Get() ? deadline : absl::Now() + options_.other_clock_poll_interval;
+    bool open = RunCompletion(d, real_deadline);
+    absl::MutexLock l(&d->queue_mu);
+    d->sleeping = false;
+    if (!open) d->cq_state = QueueState::kDrained;
+  }
+}
+
+bool WatchCache::RunCompletion(Dispatcher* d, absl::Time deadline) {
+  void* tag = nullptr;
+  bool ok = false;
+  switch (d->cq->AsyncNext(&tag, &ok, absl::ToChronoTime(deadline))) {
+    case grpc::CompletionQueue::SHUTDOWN:
+      return false;
+    case grpc::CompletionQueue::TIMEOUT:
+      return true;
+    case grpc::CompletionQueue::GOT_EVENT:
+      static_cast<Completion*>(tag)->Complete(ok);
+      return true;
+  }
+  return true;
+}
+
+void WatchCache::RunReadyCompletions(Dispatcher* d) {
+  {
+    absl::MutexLock l(&d->queue_mu);
+    if (d->cq_state == QueueState::kNone || d->cq_state == QueueState::kDrained) return;
+  }
+  void* tag = nullptr;
+  bool ok = false;
+  while (true) {
+    switch (d->cq->AsyncNext(&tag, &ok, std::chrono::system_clock::time_point())) {
+      case grpc::CompletionQueue::GOT_EVENT:
+        static_cast<Completion*>(tag)->Complete(ok);
+        continue;
+      case grpc::CompletionQueue::SHUTDOWN: {
+        absl::MutexLock l(&d->queue_mu);
+        d->cq_state = QueueState::kDrained;
+        return;
+      }
+      case grpc::CompletionQueue::TIMEOUT:
+        return;
     }
   }
+}
+
+void WatchCache::WakeTag::Complete(bool /*ok*/) {
+  absl::MutexLock l(&d->queue_mu);
+  d->wake_pending = false;
+}
+
+void WatchCache::StartCompletionQueues() {
+  // Not polling: the dispatcher never waits for gRPC's I/O (the server's own threads do it), only
+  // for its watchers' completions and for its wake-up alarm.
+  grpc_completion_queue_attributes attributes{GRPC_CQ_CURRENT_VERSION, GRPC_CQ_NEXT,
+                                              GRPC_CQ_NON_POLLING, nullptr};
+  for (auto& d : dispatchers_) {
+    d->cq = std::make_unique<grpc::CompletionQueue>(grpc_completion_queue_create(
+        grpc_completion_queue_factory_lookup(&attributes), &attributes, nullptr));
+    d->wake.d = d.get();
+    absl::MutexLock l(&d->queue_mu);
+    d->cq_state = QueueState::kOpen;
+  }
+}
+
+void WatchCache::HoldCompletionQueues() {
+  absl::MutexLock l(&holders_mu_);
+  ++holders_;
+}
+
+void WatchCache::ReleaseCompletionQueues() {
+  absl::MutexLock l(&holders_mu_);
+  --holders_;
+}
+
+void WatchCache::ShutdownCompletionQueues() {
+  {
+    // No operation may be started on a queue once it is shut down (gRPC aborts): wait until the
+    // streams that could start one are gone (after grpc::Server::Shutdown, each is cancelled and
+    // ends as its dispatcher runs its completions).
+    absl::MutexLock l(&holders_mu_);
+    auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(holders_mu_) { return holders_ == 0; };
+    holders_mu_.Await(absl::Condition(&none));
+  }
+  for (auto& d : dispatchers_) {
+    {
+      absl::MutexLock l(&d->queue_mu);
+      if (d->cq_state != QueueState::kOpen) continue;
+      // No alarm is set from now on.
+      d->cq_state = QueueState::kShuttingDown;
+    }
+    d->cq->Shutdown();
+  }
+  for (auto& d : dispatchers_) {
+    absl::MutexLock l(&d->queue_mu);
+    Dispatcher* raw = d.get();
+    auto drained = [raw]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(raw->queue_mu) {
+      return raw->cq_state != QueueState::kShuttingDown;
+    };
+    d->queue_mu.Await(absl::Condition(&drained));
+  }
+}
+
+int WatchCache::LeastLoadedDispatcher() const {
+  int best = 0;
+  for (int i = 1; i < static_cast<int>(dispatchers_.size()); ++i) {
+    if (dispatchers_[i]->count.load() < dispatchers_[best]->count.load()) best = i;
+  }
+  return best;
 }
 
 void WatchCache::Dispatch(Dispatcher* d, const Item& item, std::vector<Watcher*>* unflushed) {

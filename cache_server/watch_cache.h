@@ -2,11 +2,12 @@
 //
 // The ObjectStore's committer thread publishes each event once it is durable, in revision order.
 // The watchers are shared out among `Options::dispatchers` dispatcher threads (each watcher is
-// given, when it registers, to the thread with the fewest), and every dispatcher receives every
-// event: it delivers it to those of its watchers of the event's resource whose filters the object
-// matches before or after the change. An update that makes an object stop matching is delivered
-// as DELETED, one that makes it start matching as ADDED (as Kubernetes' watch cache does). Each
-// dispatcher also sends its watchers periodic bookmarks, asks them about every kSweepInterval
+// given, when it registers, to the thread it is pinned to, or else to the one with the fewest),
+// and every dispatcher receives every event: it delivers it to those of its watchers of the
+// event's resource whose filters the object matches before or after the change. An update that
+// makes an object stop matching is delivered as DELETED, one that makes it start matching as
+// ADDED (as Kubernetes' watch cache does). Each
+// dispatcher also sends bookmarks to its idle watchers, asks them about every kSweepInterval
 // whether their clients still read (Watcher::Sweep), and ends the watchers of a resource that
 // stops being served, after that resource's last events.
 //
@@ -25,12 +26,21 @@
 // longer than the stall timeout). The publisher, the store's committer, then holds back
 // acknowledgements: writers are slowed, and no reading watcher is ended for the server's lag.
 //
+// gRPC's completions on the dispatchers' threads: a server that serves watches with gRPC's async
+// API gives each dispatcher a completion queue (StartCompletionQueues). The dispatcher then
+// waits on that queue instead of on a condition, and runs whatever completes there (Completion
+// tags) itself: the writes of its watchers' streams are started by it and their completions
+// come back to it, so that sending an event to a watcher that keeps up costs no thread
+// hand-off. Publish wakes a waiting dispatcher with an alarm on its queue.
+//
 // Thread-safety: all methods are thread-safe. Watcher callbacks (Deliver, Flush, Bookmark, Sweep,
 // End) are called from the watcher's dispatcher thread (End also from Shutdown's caller) and must
-// never block.
+// never block. Completions run on their queue's dispatcher thread, under none of its locks.
 #ifndef SHARDCACHE_CACHE_SERVER_WATCH_CACHE_H_
 #define SHARDCACHE_CACHE_SERVER_WATCH_CACHE_H_
 
+#include <grpcpp/alarm.h>
+#include <grpcpp/completion_queue.h>
 #include <grpcpp/support/slice.h>
 
 #include <atomic>
@@ -106,6 +116,9 @@ class Watcher {
   virtual void Sweep(absl::Time /*now*/) {}
   // The watch is over with this status; nothing is delivered after it.
   virtual void End(const absl::Status& status) = 0;
+  // The dispatcher that must serve this watcher (the one whose completion queue its stream
+  // completes on), or -1: the one with the fewest watchers.
+  virtual int pinned_dispatcher() const { return -1; }
 
  private:
   friend class WatchCache;
@@ -130,6 +143,16 @@ ObjectRef EffectiveObject(const Event& event, v1::WatchEvent::Type type);
 
 class WatchCache {
  public:
+  // A tag of an operation started on a dispatcher's completion queue: the dispatcher calls
+  // Complete once the operation is done (`ok` as gRPC reports it).
+  class Completion {
+   public:
+    virtual void Complete(bool ok) = 0;
+
+   protected:
+    ~Completion() = default;
+  };
+
   struct Options {
     // A watcher that has been sent nothing for about this long receives a bookmark (see
     // kBookmarkSlots).
@@ -147,6 +170,9 @@ class WatchCache {
     // The time of the bookmarks and sweeps (and of Watcher::Sweep's `now`); not owned, outlives
     // the cache.
     const Clock* clock = RealClock::Get();
+    // A dispatcher waiting on its completion queue waits in real time: with a `clock` other than
+    // the real one (a test's), it looks at that clock this often.
+    absl::Duration other_clock_poll_interval = absl::Milliseconds(5);
   };
 
   WatchCache(Options options, StoreMetrics* metrics);
@@ -199,6 +225,38 @@ class WatchCache {
   // The number of registered watchers.
   size_t watcher_count() const;
 
+  // Gives each dispatcher a completion queue of its own, which it waits on and whose
+  // completions it runs from then on. The queues do not poll: gRPC's other threads do the I/O.
+  // Call once, before any operation is started on them.
+  void StartCompletionQueues();
+  int dispatcher_count() const { return static_cast<int>(dispatchers_.size()); }
+  // The completion queue of dispatcher `index` (null before StartCompletionQueues).
+  grpc::CompletionQueue* completion_queue(int index) const { return dispatchers_[index]->cq.get(); }
+  // The dispatcher with the fewest watchers.
+  int LeastLoadedDispatcher() const;
+  // A user of the completion queues that may start operations on them (a watch stream, from its
+  // creation to its deletion) holds them: ShutdownCompletionQueues waits until none does.
+  void HoldCompletionQueues();
+  void ReleaseCompletionQueues();
+  // Holds the completion queues for its lifetime.
+  class CompletionQueueHold {
+   public:
+    explicit CompletionQueueHold(WatchCache* cache) : cache_(cache) {
+      cache_->HoldCompletionQueues();
+    }
+    ~CompletionQueueHold() { cache_->ReleaseCompletionQueues(); }
+    CompletionQueueHold(const CompletionQueueHold&) = delete;
+    CompletionQueueHold& operator=(const CompletionQueueHold&) = delete;
+
+   private:
+    WatchCache* const cache_;
+  };
+  // Waits until no one holds the completion queues, shuts them down and waits until every
+  // dispatcher has drained its queue; the dispatchers then wait on their conditions again.
+  // REQUIRES: the grpc::Server whose calls use them has been shut down (so that every stream
+  // ends). Idempotent; the destructor calls it.
+  void ShutdownCompletionQueues();
+
  private:
   // Serialized forms of one event, made at most once per type (by the first dispatcher to need
   // one) and shared by all dispatchers.
@@ -211,11 +269,28 @@ class WatchCache {
     int64_t gone_revision = 0;
     absl::Status gone_status;
   };
+  // Where a dispatcher's completion queue stands.
+  enum class QueueState { kNone, kOpen, kShuttingDown, kDrained };
+  struct Dispatcher;
+  // Completes the alarm that wakes a dispatcher waiting on its completion queue.
+  struct WakeTag : Completion {
+    Dispatcher* d = nullptr;
+    void Complete(bool ok) override;
+  };
   // One dispatcher thread and its watchers.
   struct Dispatcher {
     absl::Mutex queue_mu;
     std::deque<Item> queue ABSL_GUARDED_BY(queue_mu);
     bool stopping ABSL_GUARDED_BY(queue_mu) = false;
+
+    // The completion queue (set once by StartCompletionQueues) and its state.
+    std::unique_ptr<grpc::CompletionQueue> cq;
+    QueueState cq_state ABSL_GUARDED_BY(queue_mu) = QueueState::kNone;
+    // The thread waits on cq with nothing queued: Enqueue must wake it (with `alarm`).
+    bool sleeping ABSL_GUARDED_BY(queue_mu) = false;
+    bool wake_pending ABSL_GUARDED_BY(queue_mu) = false;
+    grpc::Alarm alarm;
+    WakeTag wake;
 
     // Lock order: WatchCache::reg_mu_, then watchers_mu, then any watcher's own lock.
     absl::Mutex watchers_mu;
@@ -230,6 +305,14 @@ class WatchCache {
   };
 
   void Run(Dispatcher* d);
+  // Waits until d's queue has items or the clock reaches `deadline`, running d's completions
+  // meanwhile. Returns false when the dispatcher is stopping.
+  bool Wait(Dispatcher* d, absl::Time deadline);
+  // Waits on d's completion queue until `deadline` (real time) or the first completion, and runs
+  // it; returns false once the queue has been shut down and drained.
+  bool RunCompletion(Dispatcher* d, absl::Time deadline);
+  // Runs the completions ready on d's queue now, without waiting.
+  void RunReadyCompletions(Dispatcher* d);
   // Delivers one item; appends the watchers it delivered to first since their last Flush to
   // `unflushed`.
   void Dispatch(Dispatcher* d, const Item& item, std::vector<Watcher*>* unflushed)
@@ -250,6 +333,9 @@ class WatchCache {
   // Where the dispatchers write the events' encodings; the first dispatcher lets idle chunks go
   // at each sweep.
   EventChunks chunks_;
+
+  absl::Mutex holders_mu_;
+  int holders_ ABSL_GUARDED_BY(holders_mu_) = 0;
 
   mutable absl::Mutex reg_mu_;
   bool shutting_down_ ABSL_GUARDED_BY(reg_mu_) = false;

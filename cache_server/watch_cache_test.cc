@@ -1,9 +1,11 @@
 #include "cache_server/watch_cache.h"
 
 #include <gmock/gmock.h>
+#include <grpcpp/alarm.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -292,6 +294,78 @@ TEST_F(WatchCacheTest, Publish_WaitsWhileWatchersHoldMoreThanTheBacklog) {
   cache.AddBacklog(-1001);  // the watchers caught up
   publisher.join();
   EXPECT_THAT(w.WaitFor(1), ElementsAre("ADDED a web"));
+  cache.Unregister(&w);
+}
+
+// Notes the thread its events are delivered on.
+class ThreadNotingWatcher : public FakeWatcher {
+ public:
+  using FakeWatcher::FakeWatcher;
+  void Deliver(const Delivery& d) override {
+    thread = std::this_thread::get_id();
+    FakeWatcher::Deliver(d);
+  }
+  std::atomic<std::thread::id> thread;
+};
+
+// Notes the thread that runs it.
+struct NotingCompletion : WatchCache::Completion {
+  void Complete(bool ok) override {
+    absl::MutexLock l(&mu);
+    thread = std::this_thread::get_id();
+    completed = ok;
+  }
+  absl::Mutex mu;
+  std::optional<std::thread::id> thread ABSL_GUARDED_BY(mu);
+  bool completed ABSL_GUARDED_BY(mu) = false;
+};
+
+TEST_F(WatchCacheTest, CompletionQueues_PublishWakesTheDispatcher_CompletionsRunOnItsThread) {
+  // The clock never moves and a dispatcher waiting on its queue would look at it only after an
+  // hour: every event below reaches the watcher only if Publish wakes the dispatcher.
+  FakeClock clock;
+  WatchCache::Options options{absl::Seconds(60)};
+  options.dispatchers = 1;
+  options.clock = &clock;
+  options.other_clock_poll_interval = absl::Hours(1);
+  WatchCache cache(options, &metrics_);
+  cache.StartCompletionQueues();
+  ThreadNotingWatcher w(Spec(0));
+  ASSERT_TRUE(cache.Register(&w).ok());
+  // One at a time, each after the last arrived: the dispatcher has gone back to its queue.
+  std::vector<std::string> want;
+  for (int i = 1; i <= 20; ++i) {
+    std::string name = absl::StrCat("w", i);
+    cache.Publish({MakeEvent(i, v1::WatchEvent::ADDED, name, "web")});
+    want.push_back(absl::StrCat("ADDED ", name, " web"));
+    ASSERT_EQ(w.WaitFor(want.size()), want);
+  }
+  std::thread::id dispatcher = w.thread;
+  EXPECT_NE(dispatcher, std::this_thread::get_id());
+
+  // An operation completing on the dispatcher's queue is run by the dispatcher itself.
+  NotingCompletion completion;
+  grpc::Alarm alarm;
+  alarm.Set(cache.completion_queue(0), gpr_time_0(GPR_CLOCK_REALTIME),
+            static_cast<WatchCache::Completion*>(&completion));
+  ASSERT_TRUE(testing::Eventually(
+      [&] {
+        absl::MutexLock l(&completion.mu);
+        return completion.thread.has_value();
+      },
+      "the alarm's completion runs"));
+  {
+    absl::MutexLock l(&completion.mu);
+    EXPECT_EQ(*completion.thread, dispatcher);
+    EXPECT_TRUE(completion.completed);
+  }
+
+  // Once the queues are shut down, the dispatcher waits on its condition again.
+  cache.ShutdownCompletionQueues();
+  cache.ShutdownCompletionQueues();  // idempotent
+  cache.Publish({MakeEvent(21, v1::WatchEvent::ADDED, "w21", "web")});
+  want.push_back("ADDED w21 web");
+  EXPECT_EQ(w.WaitFor(want.size()), want);
   cache.Unregister(&w);
 }
 
