@@ -302,12 +302,13 @@ int Run(Config config, const std::string& role_name) {
   // Let objects up to twice the limit through, so that they get the store's clear error.
   builder.SetMaxReceiveMessageSize(static_cast<int>(
       std::min<int64_t>(2 * config.store.max_object_bytes + (1 << 20), INT32_MAX)));
-  builder.RegisterService(&service);
+  service.AddTo(&builder);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || grpc_port == 0) {
     return Refuse(absl::UnavailableError(
         absl::StrCat("--listen: cannot listen on ", config.listen, " (address in use?)")));
   }
+  service.AcceptWatches();
   std::atomic<bool> ready{true};
   HttpServer http(registry, [&ready]() {
     return ready.load() ? absl::OkStatus() : absl::UnavailableError("shutting down");
@@ -361,6 +362,7 @@ int Run(Config config, const std::string& role_name) {
   // for each idle client connection to acknowledge the GOAWAY, which a client with no call in
   // flight may take seconds to do (gRPC C++ clients poll idle connections every 5 s).
   server->Shutdown(absl::ToChronoTime(absl::Now()));
+  service.StopWatches();
   http.Stop();
   int64_t revision = store.revision();
   spdlog::info("stopped at revision {}", revision);

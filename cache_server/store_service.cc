@@ -133,27 +133,74 @@ grpc::ServerUnaryReactor* StoreService::List(grpc::CallbackServerContext* ctx,
                                 });
 }
 
-grpc::ServerWriteReactor<grpc::ByteBuffer>* StoreService::Watch(grpc::CallbackServerContext* ctx,
-                                                                const grpc::ByteBuffer* raw) {
-  auto* reactor =
-      new WatchReactor(watch_cache_, metrics_, options_.watch_queue_events, store_->store_id());
+StoreService::~StoreService() { StopWatches(); }
+
+void StoreService::AddTo(grpc::ServerBuilder* builder) {
+  builder->RegisterService(this);
+  watch_calls_ = builder->AddCompletionQueue(/*is_frequently_polled=*/false);
+  watch_cache_->StartCompletionQueues();
+}
+
+void StoreService::AcceptWatches() {
+  AcceptWatch();
+  watch_acceptor_ = std::thread([this] {
+    // One call is requested at a time, and each accepted one requests the next. Once the server
+    // is shut down the request in wait is given back (!ok), and no other is made: the queue then
+    // holds nothing more.
+    void* tag = nullptr;
+    bool ok = false;
+    while (watch_calls_->Next(&tag, &ok)) {
+      static_cast<WatchCache::Completion*>(tag)->Complete(ok);
+      if (!ok) return;
+    }
+  });
+}
+
+void StoreService::StopWatches() {
+  if (watch_calls_ != nullptr) {
+    // The queue is shut down only once the acceptor has left it: a request made after would
+    // abort.
+    if (watch_acceptor_.joinable()) watch_acceptor_.join();
+    watch_calls_->Shutdown();
+    void* tag = nullptr;
+    bool ok = false;
+    while (watch_calls_->Next(&tag, &ok)) static_cast<WatchCache::Completion*>(tag)->Complete(ok);
+    watch_calls_.reset();
+  }
+  watch_cache_->ShutdownCompletionQueues();
+}
+
+void StoreService::AcceptWatch() {
+  int dispatcher = watch_cache_->LeastLoadedDispatcher();
+  auto* reactor = new WatchReactor(watch_cache_, metrics_, options_.watch_queue_events,
+                                   store_->store_id(), dispatcher, [this](WatchReactor* r) {
+                                     AcceptWatch();
+                                     StartWatch(r);
+                                   });
+  RequestWatch(reactor->context(), reactor->request(), reactor->writer(),
+               watch_cache_->completion_queue(dispatcher), watch_calls_.get(),
+               reactor->accepted_tag());
+}
+
+void StoreService::StartWatch(WatchReactor* reactor) {
   v1::WatchRequest req;
-  absl::Status started = ParseRequest(*raw, &req);
-  if (started.ok()) started = AuthorizeCall(options_.authorizer, *ctx, "Watch", &req);
+  absl::Status started = ParseRequest(*reactor->request(), &req);
+  if (started.ok()) {
+    started = AuthorizeCall(options_.authorizer, *reactor->context(), "Watch", &req);
+  }
   if (started.ok()) {
     reactor->set_batch_events(req.batch_events());
-    // The headers go out now, before the watcher is registered (nothing else touches the
-    // reactor yet), so that a client learns the store's identity before any event.
-    ctx->AddInitialMetadata(kStoreIdMetadataKey, store_->store_id());
-    reactor->StartSendInitialMetadata();
+    // The headers go out now, before the watcher is registered (no dispatcher sends to it yet),
+    // so that a client learns the store's identity before any event.
+    reactor->context()->AddInitialMetadata(kStoreIdMetadataKey, store_->store_id());
+    reactor->SendInitialMetadata();
     started = store_->StartWatch(req, reactor);
   }
   if (!started.ok()) {
     reactor->Reject(ToGrpcStatus(started));
-    return reactor;
+    return;
   }
   reactor->Begin();
-  return reactor;
 }
 
 grpc::ServerUnaryReactor* StoreService::Create(grpc::CallbackServerContext* ctx,

@@ -1,4 +1,5 @@
-// StoreService: the shardcache.v1.Store gRPC service (callback API) over an ObjectStore.
+// StoreService: the shardcache.v1.Store gRPC service over an ObjectStore (callback API; async for
+// Watch).
 //
 // Every method is registered raw (ByteBuffer in and out) and parses its request itself
 // (request_parser.h), so that a request gRPC could not parse gets INVALID_ARGUMENT saying why,
@@ -7,23 +8,33 @@
 // watchers (watch_cache.h).
 //
 // Unary reads run inline; unary writes finish once the store reports them durable (from the
-// store's committer thread), so no gRPC thread waits for a disk sync. Watch returns a
-// WatchReactor; Write returns a WriteStreamReactor. Errors are converted from absl::Status to
+// store's committer thread), so no gRPC thread waits for a disk sync. Write returns a
+// WriteStreamReactor. Watch is served with gRPC's async API on the WatchCache's dispatchers
+// (watch_reactor.h): a thread of the service's own takes the Watch calls from a completion queue
+// of the server's and hands each to the dispatcher with the fewest watchers, on whose completion
+// queue the call's operations then complete. Errors are converted from absl::Status to
 // grpc::Status here, and only here.
 //
 // Shutdown: Shutdown() makes new calls fail with UNAVAILABLE and drains the Write streams;
 // AwaitIdle() then waits until no call of the service is in flight, so that the gRPC server can
 // be shut down at once without cutting off an answer.
 //
-// Thread-safety: gRPC calls the methods from its own threads, concurrently; Shutdown and
-// AwaitIdle may be called from any thread.
+// Serving: AddTo(builder) before the server is built, AcceptWatches() once it has started, and
+// StopWatches() after grpc::Server::Shutdown.
+//
+// Thread-safety: gRPC calls the methods from its own threads, concurrently; Watch calls are
+// started on the service's acceptor thread and then live on the WatchCache's dispatchers.
+// Shutdown and AwaitIdle may be called from any thread; AddTo, AcceptWatches and StopWatches from
+// the thread that builds and stops the server.
 #ifndef SHARDCACHE_CACHE_SERVER_STORE_SERVICE_H_
 #define SHARDCACHE_CACHE_SERVER_STORE_SERVICE_H_
 
 #include <grpcpp/grpcpp.h>
 
 #include <functional>
+#include <memory>
 #include <set>
+#include <thread>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -35,11 +46,12 @@
 
 namespace shardcache {
 
+class WatchReactor;
 class WriteStreamReactor;
 
-// The Store service with every method raw.
+// The Store service with every method raw; Watch with the async API, the others callbacks.
 using RawStoreService = v1::Store::WithRawCallbackMethod_Get<v1::Store::WithRawCallbackMethod_List<
-    v1::Store::WithRawCallbackMethod_Watch<v1::Store::WithRawCallbackMethod_Create<
+    v1::Store::WithRawMethod_Watch<v1::Store::WithRawCallbackMethod_Create<
         v1::Store::WithRawCallbackMethod_Update<v1::Store::WithRawCallbackMethod_UpdateStatus<
             v1::Store::WithRawCallbackMethod_Delete<v1::Store::WithRawCallbackMethod_Write<
                 v1::Store::WithRawCallbackMethod_ClaimEpoch<v1::Store::Service>>>>>>>>>;
@@ -60,8 +72,6 @@ class StoreService final : public RawStoreService {
                                 grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* List(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
                                  grpc::ByteBuffer* resp) override;
-  grpc::ServerWriteReactor<grpc::ByteBuffer>* Watch(grpc::CallbackServerContext* ctx,
-                                                    const grpc::ByteBuffer* req) override;
   grpc::ServerUnaryReactor* Create(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
                                    grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* Update(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
@@ -83,6 +93,16 @@ class StoreService final : public RawStoreService {
   // UNAUTHENTICATED) and not applied.
   void Apply(v1::WriteRequest* req, const std::optional<PeerIdentity>& who,
              std::function<void(v1::WriteResponse)> done);
+
+  // Registers the service with `builder`, with a completion queue of the server's for the Watch
+  // calls. Call once, before BuildAndStart.
+  void AddTo(grpc::ServerBuilder* builder);
+  // Once the server has started: starts the thread that takes Watch calls.
+  void AcceptWatches();
+  // After grpc::Server::Shutdown: stops that thread and shuts down the WatchCache's completion
+  // queues. Idempotent; the destructor calls it.
+  void StopWatches();
+  ~StoreService() override;
 
   // Starts draining: new calls fail with UNAVAILABLE "server shutting down"; each Write stream
   // stops applying writes, answers the writes it has taken (a write read after this is
@@ -107,6 +127,12 @@ class StoreService final : public RawStoreService {
                    const grpc::ByteBuffer& raw, google::protobuf::Message* req,
                    grpc::ByteBuffer* response, bool* admitted);
   void EndCall();
+  // Asks the server for the next Watch call, to be served by the dispatcher with the fewest
+  // watchers.
+  void AcceptWatch();
+  // Starts an accepted Watch call: parses and authorizes its request, sends the headers and
+  // registers the watch (or rejects it).
+  void StartWatch(WatchReactor* reactor);
   // Serves a unary call of `method`: parses `raw` into a Request and, when the call is admitted
   // (Begin), hands it to `handle(request, call)`, which answers it with UnaryCall::Reply.
   template <typename Request, typename Handler>
@@ -124,6 +150,10 @@ class StoreService final : public RawStoreService {
   ObjectStore* const store_;
   WatchCache* const watch_cache_;
   StoreMetrics* const metrics_;
+
+  // Where the server announces Watch calls, and the thread that takes them.
+  std::unique_ptr<grpc::ServerCompletionQueue> watch_calls_;
+  std::thread watch_acceptor_;
 
   absl::Mutex mu_;
   std::set<WriteStreamReactor*> streams_ ABSL_GUARDED_BY(mu_);

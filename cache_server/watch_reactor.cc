@@ -17,38 +17,55 @@ grpc::Slice StoreIdSuffix(const std::string& store_id) {
 }  // namespace
 
 WatchReactor::WatchReactor(WatchCache* cache, StoreMetrics* metrics, size_t max_pending_events,
-                           const std::string& store_id)
+                           const std::string& store_id, int dispatcher,
+                           AcceptedCallback on_accepted)
     : cache_(cache),
       metrics_(metrics),
       max_pending_events_(max_pending_events),
       max_queue_bytes_(cache->options().watcher_queue_bytes),
       stall_timeout_(cache->options().stall_timeout),
       clock_(cache->options().clock),
-      store_id_suffix_(StoreIdSuffix(store_id)) {}
+      store_id_suffix_(StoreIdSuffix(store_id)),
+      dispatcher_(dispatcher),
+      on_accepted_(std::move(on_accepted)),
+      hold_(cache),
+      writer_(&ctx_) {
+  ctx_.AsyncNotifyWhenDone(done_.get());
+}
+
+void WatchReactor::SendInitialMetadata() {
+  Ref();
+  writer_.SendInitialMetadata(metadata_sent_.get());
+}
 
 void WatchReactor::Begin() {
   Action a;
   {
     absl::MutexLock l(&mu_);
+    started_ = true;
     a = NextLocked();
   }
   Act(a);
+  Unref();
 }
 
 void WatchReactor::Reject(const grpc::Status& status) {
   Action a;
   {
     absl::MutexLock l(&mu_);
+    started_ = true;
     RequestFinishLocked(status);
     a = NextLocked();
   }
   Act(a);
+  Unref();
 }
 
 void WatchReactor::Init(WatchSpec spec,
                         std::vector<std::pair<v1::WatchEvent::Type, ObjectRef>> initial) {
   spec_ = std::move(spec);
   absl::MutexLock l(&mu_);
+  if (finish_requested_) return;  // cancelled already
   for (auto& item : initial) initial_.push_back(std::move(item));
 }
 
@@ -120,6 +137,19 @@ void WatchReactor::End(const absl::Status& status) {
   Act(a);
 }
 
+void WatchReactor::OnAccepted(bool ok) {
+  if (!ok) {
+    // The server is shutting down: no call came, and none of the other tags will complete.
+    delete this;
+    return;
+  }
+  // A copy: starting the call may end it, and delete the reactor, before the callback returns.
+  AcceptedCallback start = on_accepted_;
+  start(this);
+}
+
+void WatchReactor::OnMetadataSent(bool /*ok*/) { Unref(); }
+
 void WatchReactor::OnWriteDone(bool ok) {
   Action a;
   {
@@ -134,20 +164,31 @@ void WatchReactor::OnWriteDone(bool ok) {
     a = NextLocked();
   }
   Act(a);
+  Unref();
 }
 
-void WatchReactor::OnCancel() {
+void WatchReactor::OnFinished(bool /*ok*/) { Unref(); }
+
+void WatchReactor::OnDone(bool /*ok*/) {
   Action a;
   {
     absl::MutexLock l(&mu_);
-    ClearLocked();
-    RequestFinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled"));
-    a = NextLocked();
+    // Reported once the call is over: before our Finish, only when the client cancelled (or the
+    // connection broke, or the server is stopping). That may be before the call was started (it
+    // completes on another queue than the call's arrival): the starter then finishes it.
+    if (ctx_.IsCancelled()) {
+      ClearLocked();
+      RequestFinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled"));
+    }
+    a = started_ ? NextLocked() : Action::kNone;
   }
   Act(a);
+  Unref();
 }
 
-void WatchReactor::OnDone() {
+void WatchReactor::Unref() {
+  if (refs_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  // Nothing of the call is in flight any more; after Unregister no dispatcher calls in either.
   cache_->Unregister(this);
   {
     absl::MutexLock l(&mu_);
@@ -207,6 +248,7 @@ WatchReactor::Action WatchReactor::NextLocked() {
   if (initial_.empty() && live_.empty()) {
     if (!finish_requested_) return Action::kNone;
     finished_ = true;
+    Ref();  // for the Finish, taken under mu_: whoever acts on it may hold no ref of its own
     return Action::kFinish;
   }
   // The events of this message: the initial ones first (encoded now), then live ones.
@@ -248,13 +290,14 @@ WatchReactor::Action WatchReactor::NextLocked() {
   out_ = grpc::ByteBuffer(slices.data(), slices.size());
   writing_ = true;
   write_started_ = clock_->Now();
+  Ref();  // for the write (as for the Finish)
   return Action::kWrite;
 }
 
 void WatchReactor::Act(Action action) {
   switch (action) {
     case Action::kWrite:
-      StartWrite(&out_);
+      writer_.Write(out_, write_done_.get());
       break;
     case Action::kFinish: {
       grpc::Status status;
@@ -262,7 +305,7 @@ void WatchReactor::Act(Action action) {
         absl::MutexLock l(&mu_);
         status = final_status_;
       }
-      Finish(status);
+      writer_.Finish(status, finished_tag_.get());
       break;
     }
     case Action::kNone:

@@ -1,4 +1,11 @@
-// WatchReactor: the server side of one Watch stream (gRPC callback API).
+// WatchReactor: the server side of one Watch stream (gRPC's async API, on a WatchCache
+// dispatcher's completion queue).
+//
+// Watch is served with gRPC's async API so that a stream lives on one WatchCache dispatcher:
+// the dispatcher delivers its events and starts its writes, and the writes complete on that
+// dispatcher's completion queue (WatchCache::StartCompletionQueues), where the same thread
+// follows them up. An event sent to a watcher that keeps up costs no thread hand-off and no
+// lock that another thread contends for.
 //
 // The stream is registered as a raw (ByteBuffer) method, so that each event is serialized once by
 // the WatchCache and the same bytes (a reference-counted slice) are sent to every watcher that
@@ -7,10 +14,10 @@
 // cache's chunks (event_chunks.h) as one slice: its queue, and its messages, hold one slice per
 // run of events rather than one per event.
 //
-// Modelled on gRPC's own health-watch reactor: at most one write in flight; events wait in a
-// queue under the reactor's lock; Finish is called exactly once, after the queue has drained (or
-// at once for a watcher whose client stopped reading). The initial events (snapshot or history)
-// are sent first and are not bounded.
+// At most one write in flight; events wait in a queue under the reactor's lock; Finish is
+// called exactly once, after the queue has drained (or at once for a watcher whose client stopped
+// reading, or that cancelled). The initial events (snapshot or history) are sent first and are
+// not bounded.
 //
 // Batches: when the client asked for them (WatchRequest.batch_events) and several events wait
 // as a write completes, they go out in one message (WatchEvent.events, up to kMaxBatchBytes);
@@ -29,15 +36,26 @@
 // followed by the encoding of that one field (a protobuf message parses the concatenation of two
 // encodings as their merge), so the shared encodings stay as they are.
 //
-// Thread-safety: the Watcher methods are called from the WatchCache's dispatchers; the reactions
-// from gRPC's threads. All state is guarded by mu_; no gRPC operation is started under it.
+// Life: the StoreService asks gRPC for the next Watch call into a new reactor (context(),
+// request(), writer(), accepted_tag()). When the call arrives, the reactor hands itself to
+// `on_accepted`, which starts it with Begin or Reject (when gRPC gives the request back unused,
+// the server is shutting down, and the reactor deletes itself). It deletes itself once the call
+// is over: its Finish has completed, gRPC has reported the call done (AsyncNotifyWhenDone), and
+// none of its operations is in flight. It then unregisters from the WatchCache first.
+//
+// Thread-safety: the Watcher methods are called from its dispatcher (End also from the thread of
+// WatchCache::Shutdown); the completions of the call's operations run on its dispatcher's thread,
+// the accepted one (and so Begin and Reject) on the StoreService's acceptor thread. All state is
+// guarded by mu_; no gRPC operation is started under it.
 #ifndef SHARDCACHE_CACHE_SERVER_WATCH_REACTOR_H_
 #define SHARDCACHE_CACHE_SERVER_WATCH_REACTOR_H_
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/async_stream.h>
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,19 +68,32 @@
 
 namespace shardcache {
 
-class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>, public Watcher {
+class WatchReactor : public Watcher {
  public:
   // The most bytes of events put in one batched message (a single event may be larger).
   static constexpr size_t kMaxBatchBytes = 64 << 10;
+  // Starts an accepted call: ends with Begin or Reject.
+  using AcceptedCallback = std::function<void(WatchReactor*)>;
 
   // `max_pending_events`: a bound in events on top of the cache's bound in bytes (0: none).
   // `store_id`: the store's identity, set on every message sent (empty: not set).
+  // `dispatcher`: the WatchCache dispatcher on whose completion queue the call's operations
+  // complete (the new_call_cq of the request); the watcher is registered with it.
   WatchReactor(WatchCache* cache, StoreMetrics* metrics, size_t max_pending_events,
-               const std::string& store_id = "");
+               const std::string& store_id, int dispatcher, AcceptedCallback on_accepted);
+
+  // Where gRPC puts the call it hands over (for the service's RequestWatch).
+  grpc::ServerContext* context() { return &ctx_; }
+  grpc::ByteBuffer* request() { return &request_; }
+  grpc::ServerAsyncWriter<grpc::ByteBuffer>* writer() { return &writer_; }
+  void* accepted_tag() { return accepted_.get(); }
 
   // Whether several events may go in one message (WatchRequest.batch_events). REQUIRES: called
   // before Begin.
   void set_batch_events(bool batch) { batch_ = batch; }
+  // Sends the response headers now, before any event (the caller has added its metadata to
+  // context()). At most once, before Begin.
+  void SendInitialMetadata();
   // Starts sending, once the store has initialized and registered the watcher.
   void Begin();
   // Ends the stream at once with `status` (used when the watch could not start).
@@ -77,14 +108,35 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>, public W
   void Bookmark(int64_t revision) override;
   void Sweep(absl::Time now) override;
   void End(const absl::Status& status) override;
-
-  // ServerWriteReactor.
-  void OnWriteDone(bool ok) override;
-  void OnCancel() override;
-  void OnDone() override;
+  int pinned_dispatcher() const override { return dispatcher_; }
 
  private:
   enum class Action { kNone, kWrite, kFinish };
+
+  // A completion of one of the call's operations: runs `on(ok)` on the reactor.
+  class Tag final : public WatchCache::Completion {
+   public:
+    Tag(WatchReactor* reactor, void (WatchReactor::*on)(bool)) : reactor_(reactor), on_(on) {}
+    void Complete(bool ok) override { (reactor_->*on_)(ok); }
+    void* get() { return static_cast<WatchCache::Completion*>(this); }
+
+   private:
+    WatchReactor* const reactor_;
+    void (WatchReactor::*const on_)(bool);
+  };
+
+  // Reactions to the completions.
+  void OnAccepted(bool ok);
+  void OnMetadataSent(bool ok);
+  void OnWriteDone(bool ok);
+  void OnFinished(bool ok);
+  void OnDone(bool ok);
+
+  // The reactor is kept by its starter (until Begin or Reject), by the done notification (which
+  // comes for every call that arrived, possibly before the call is started) and by each
+  // operation in flight; the last to let go deletes it (Unref is the last thing each does).
+  void Ref() { refs_.fetch_add(1, std::memory_order_relaxed); }
+  void Unref();
 
   void RequestFinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops every event waiting (the stream is ending without them); `done`: the stream is over,
@@ -96,7 +148,7 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>, public W
   void UpdateBacklogLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Decides what to start next; the caller starts it with Act after releasing mu_.
   Action NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Starts the gRPC operation decided (StartWrite or Finish). Never under mu_.
+  // Starts the gRPC operation decided (Write or Finish). Never under mu_.
   void Act(Action action) ABSL_LOCKS_EXCLUDED(mu_);
 
   WatchCache* const cache_;
@@ -109,6 +161,22 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>, public W
   // The encoding of a WatchEvent with only store_id set, appended to every message; empty when
   // there is no identity to send.
   const grpc::Slice store_id_suffix_;
+  const int dispatcher_;
+  const AcceptedCallback on_accepted_;
+  // Keeps the completion queues open until the call below is gone (declared before it, so
+  // destroyed after it).
+  WatchCache::CompletionQueueHold hold_;
+
+  grpc::ServerContext ctx_;
+  grpc::ByteBuffer request_;
+  grpc::ServerAsyncWriter<grpc::ByteBuffer> writer_;
+  Tag accepted_{this, &WatchReactor::OnAccepted};
+  Tag metadata_sent_{this, &WatchReactor::OnMetadataSent};
+  Tag write_done_{this, &WatchReactor::OnWriteDone};
+  Tag finished_tag_{this, &WatchReactor::OnFinished};
+  Tag done_{this, &WatchReactor::OnDone};
+  std::atomic<int> refs_{2};  // the starter's and the done notification's
+
   // Set before Begin (batch_) or once by Init, before registration (spec_); read-only afterwards.
   bool batch_ = false;
   WatchSpec spec_;
@@ -133,6 +201,8 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>, public W
   std::atomic<bool> over_bound_{false};
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time write_started_ ABSL_GUARDED_BY(mu_);
+  // Begin or Reject has been called: until then nothing is sent (the starter sends first).
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status final_status_ ABSL_GUARDED_BY(mu_);

@@ -5,8 +5,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -418,6 +420,68 @@ TEST_F(WatchReactorTest, ShutdownEndsWatchesUnavailable) {
   ASSERT_TRUE(status.has_value());
   EXPECT_EQ(status->error_code(), grpc::StatusCode::UNAVAILABLE) << status->error_message();
   EXPECT_THAT(status->error_message(), HasSubstr("server shutting down"));
+}
+
+TEST_F(WatchReactorTest, WatchesCancelledAsSoonAsOpened_AreAllUnregistered) {
+  Start();
+  int64_t rv0 = Create(Widget("w0"));
+  // From several threads at once, each watch cancelled right after its request goes out: calls
+  // wait for the server to start them, and the end of many reaches the server before it has
+  // (their start and their end complete on different threads); some end before they reach it.
+  std::vector<std::thread> clients;
+  for (int t = 0; t < 8; ++t) {
+    clients.emplace_back([this] {
+      for (int i = 0; i < 40; ++i) {
+        grpc::ClientContext ctx;
+        std::unique_ptr<grpc::ClientReader<v1::WatchEvent>> reader =
+            server_->stub()->Watch(&ctx, WatchReq(Widgets()));
+        ctx.TryCancel();
+        reader->Finish();
+      }
+    });
+  }
+  for (std::thread& c : clients) c.join();
+  EXPECT_TRUE(Eventually([&] { return server_->watch_cache().watcher_count() == 0; },
+                         "every cancelled watch is unregistered"));
+  // The server goes on serving watches.
+  int64_t rv1 = Create(Widget("w1"));
+  WatchReader reader(server_->stub(), WatchReq(Widgets()));
+  std::vector<v1::WatchEvent> initial = reader.TakeInitial();
+  ASSERT_EQ(initial.size(), 2u);
+  EXPECT_EQ(Summary(initial[0]), Summary("ADDED", "w0", rv0));
+  EXPECT_EQ(Summary(initial[1]), Summary("ADDED", "w1", rv1));
+  int64_t rv2 = Create(Widget("w2"));
+  EXPECT_THAT(reader.Take(1), ElementsAre(Summary("ADDED", "w2", rv2)));
+}
+
+TEST_F(WatchReactorTest, ShutdownWithAWatchWhoseClientStoppedReading_EndsItAndStops) {
+  InProcessServer::Options options;
+  options.watch.watcher_queue_bytes = size_t{1} << 30;  // never ended as too slow here
+  Start(options);
+  const int64_t from = Create(Widget("w0"));
+  auto stalled = OpenStalledWatch(WatchReq(Widgets(), from));
+  ASSERT_TRUE(Eventually([&] { return server_->watch_cache().watcher_count() == 1; },
+                         "the watch is registered"));
+  const std::string big(100 * 1024, 'x');
+  for (int i = 0; i < 30; ++i) Create(Widget(absl::StrCat("big", i), big));
+  // Events keep coming while the server stops.
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    for (int i = 0; !stop; ++i) {
+      v1::CreateRequest req;
+      *req.mutable_resource() = Widgets();
+      *req.mutable_object() = Widget(absl::StrCat("late", i));
+      (void)server_->store().Create(req);
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  });
+  // Its write is held by flow control, so it cannot end before the server cancels it; then it
+  // does, and the server stops.
+  EXPECT_FALSE(server_->Shutdown(absl::Milliseconds(300)));
+  stop = true;
+  writer.join();
+  EXPECT_EQ(server_->watch_cache().watcher_count(), 0u);
+  stalled->ctx.TryCancel();
 }
 
 }  // namespace

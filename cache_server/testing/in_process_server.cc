@@ -54,12 +54,13 @@ InProcessServer::InProcessServer(Options options)
   int port = 0;
   grpc::ServerBuilder builder;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service_);
+  service_.AddTo(&builder);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {
     ADD_FAILURE() << "the in-process server did not start";
     return;
   }
+  service_.AcceptWatches();
   target_ = absl::StrCat("127.0.0.1:", port);
   channel_ = grpc::CreateChannel(target_, grpc::InsecureChannelCredentials());
   stub_ = v1::Store::NewStub(channel_);
@@ -80,6 +81,7 @@ bool InProcessServer::Shutdown(absl::Duration timeout) {
   bool idle = service_.AwaitIdle(deadline - absl::Now());
   server_->Shutdown(absl::ToChronoTime(absl::Now()));
   server_->Wait();
+  service_.StopWatches();
   return idle && watches_left == 0;
 }
 
