@@ -411,7 +411,7 @@ TEST_F(ServerLifecycleTest, Sigterm_WhileClientsComeAndGo_ExitsAtOnce) {
   int exit_status = server_->Wait(absl::Seconds(90));
   absl::Duration took = absl::Now() - sigterm;
   churn.Stop();
-  EXPECT_TRUE(IsExitCode(exit_status, 0)) << DescribeWaitStatus(exit_status);
+  EXPECT_TRUE(IsExitCode(exit_status, 0)) << DescribeWaitStatus(exit_status) << server_->Log();
   // Generous for a loaded machine; the drain timeout and the bookmark interval are 60 s, and an
   // idle gRPC client acknowledges a GOAWAY only at its next poll, up to 5 s later.
   EXPECT_LT(took, absl::Seconds(2)) << server_->Log();
