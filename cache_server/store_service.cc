@@ -150,7 +150,7 @@ void StoreService::AcceptWatches() {
     void* tag = nullptr;
     bool ok = false;
     while (watch_calls_->Next(&tag, &ok)) {
-      static_cast<WatchCache::Completion*>(tag)->Complete(ok);
+      WatchCache::Completion::FromTag(tag)->Complete(ok);
       if (!ok) return;
     }
   });
@@ -164,7 +164,7 @@ void StoreService::StopWatches() {
     watch_calls_->Shutdown();
     void* tag = nullptr;
     bool ok = false;
-    while (watch_calls_->Next(&tag, &ok)) static_cast<WatchCache::Completion*>(tag)->Complete(ok);
+    while (watch_calls_->Next(&tag, &ok)) WatchCache::Completion::FromTag(tag)->Complete(ok);
     watch_calls_.reset();
   }
   watch_cache_->ShutdownCompletionQueues();

@@ -7,6 +7,18 @@
 
 #include "absl/time/clock.h"
 
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define SHARDCACHE_TSAN 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define SHARDCACHE_TSAN 1
+#endif
+#ifdef SHARDCACHE_TSAN
+#include <sanitizer/tsan_interface.h>
+#endif
+
 namespace shardcache {
 
 ObjectRef EffectiveObject(const Event& e, v1::WatchEvent::Type type) {
@@ -126,7 +138,7 @@ void WatchCache::Enqueue(std::vector<Item> items) {
     // A dispatcher waiting on its completion queue does not see the condition: wake it there.
     if (d->cq_state == QueueState::kOpen && d->sleeping && !d->wake_pending) {
       d->wake_pending = true;
-      d->alarm.Set(d->cq.get(), gpr_time_0(GPR_CLOCK_REALTIME), static_cast<Completion*>(&d->wake));
+      d->alarm.Set(d->cq.get(), gpr_time_0(GPR_CLOCK_REALTIME), d->wake.AsTag());
     }
   }
 }
@@ -283,7 +295,7 @@ bool WatchCache::RunCompletion(Dispatcher* d, absl::Time deadline) {
     case grpc::CompletionQueue::TIMEOUT:
       return true;
     case grpc::CompletionQueue::GOT_EVENT:
-      static_cast<Completion*>(tag)->Complete(ok);
+      Completion::FromTag(tag)->Complete(ok);
       return true;
   }
   return true;
@@ -299,7 +311,7 @@ void WatchCache::RunReadyCompletions(Dispatcher* d) {
   while (true) {
     switch (d->cq->AsyncNext(&tag, &ok, std::chrono::system_clock::time_point())) {
       case grpc::CompletionQueue::GOT_EVENT:
-        static_cast<Completion*>(tag)->Complete(ok);
+        Completion::FromTag(tag)->Complete(ok);
         continue;
       case grpc::CompletionQueue::SHUTDOWN: {
         absl::MutexLock l(&d->queue_mu);
@@ -310,6 +322,21 @@ void WatchCache::RunReadyCompletions(Dispatcher* d) {
         return;
     }
   }
+}
+
+void* WatchCache::Completion::AsTag() {
+#ifdef SHARDCACHE_TSAN
+  __tsan_release(this);
+#endif
+  return this;
+}
+
+WatchCache::Completion* WatchCache::Completion::FromTag(void* tag) {
+  auto* completion = static_cast<Completion*>(tag);
+#ifdef SHARDCACHE_TSAN
+  __tsan_acquire(completion);
+#endif
+  return completion;
 }
 
 void WatchCache::WakeTag::Complete(bool /*ok*/) {

@@ -346,8 +346,7 @@ TEST_F(WatchCacheTest, CompletionQueues_PublishWakesTheDispatcher_CompletionsRun
   // An operation completing on the dispatcher's queue is run by the dispatcher itself.
   NotingCompletion completion;
   grpc::Alarm alarm;
-  alarm.Set(cache.completion_queue(0), gpr_time_0(GPR_CLOCK_REALTIME),
-            static_cast<WatchCache::Completion*>(&completion));
+  alarm.Set(cache.completion_queue(0), gpr_time_0(GPR_CLOCK_REALTIME), completion.AsTag());
   ASSERT_TRUE(testing::Eventually(
       [&] {
         absl::MutexLock l(&completion.mu);

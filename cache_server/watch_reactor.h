@@ -118,7 +118,7 @@ class WatchReactor : public Watcher {
    public:
     Tag(WatchReactor* reactor, void (WatchReactor::*on)(bool)) : reactor_(reactor), on_(on) {}
     void Complete(bool ok) override { (reactor_->*on_)(ok); }
-    void* get() { return static_cast<WatchCache::Completion*>(this); }
+    void* get() { return AsTag(); }
 
    private:
     WatchReactor* const reactor_;
