@@ -165,8 +165,9 @@ TEST_F(GroupCommitterTest, WaitsForEpochsClaimedBefore) {
 }
 
 TEST_F(GroupCommitterTest, CarriesTheCompactedRevision) {
-  committer_.AddEvent(MakeEvent(2));
+  // Set first: the committer may take the event into a batch as soon as it is added.
   committer_.SetCompactedRevision(2);
+  committer_.AddEvent(MakeEvent(2));
   committer_.CompleteWhenDurable(2, log_.Completion("write 2"));
   ASSERT_TRUE(Eventually([&] { return log_.entries().size() == 2; }, "the write completes"));
   ASSERT_EQ(storage_.batches().size(), 1u);

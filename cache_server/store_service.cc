@@ -133,7 +133,12 @@ grpc::ServerUnaryReactor* StoreService::List(grpc::CallbackServerContext* ctx,
                                 });
 }
 
-StoreService::~StoreService() { StopWatches(); }
+StoreService::~StoreService() {
+  StopWatches();
+  // The last stream left (RemoveStream, on a gRPC thread) before the server was shut down; the
+  // lock makes that visible here, before the members go.
+  absl::MutexLock l(&mu_);
+}
 
 void StoreService::AddTo(grpc::ServerBuilder* builder) {
   builder->RegisterService(this);
