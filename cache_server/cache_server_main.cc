@@ -308,7 +308,6 @@ int Run(Config config, const std::string& role_name) {
     return Refuse(absl::UnavailableError(
         absl::StrCat("--listen: cannot listen on ", config.listen, " (address in use?)")));
   }
-  service.AcceptWatches();
   std::atomic<bool> ready{true};
   HttpServer http(registry, [&ready]() {
     return ready.load() ? absl::OkStatus() : absl::UnavailableError("shutting down");
@@ -334,6 +333,9 @@ int Run(Config config, const std::string& role_name) {
       return Refuse(written);
     }
   }
+  // Watch calls are taken from here on (they wait in the server until then): the refusals above
+  // leave no acceptor thread behind the server.
+  service.AcceptWatches();
   server->GetHealthCheckService()->SetServingStatus(true);
   spdlog::info(
       "serving role={} store_id={} grpc={} (port {}) http={} (port {}) data_dir={} sync={} "
