@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <memory>
 #include <optional>
 #include <thread>
 
@@ -366,6 +367,38 @@ TEST_F(WatchCacheTest, CompletionQueues_PublishWakesTheDispatcher_CompletionsRun
   want.push_back("ADDED w21 web");
   EXPECT_EQ(w.WaitFor(want.size()), want);
   cache.Unregister(&w);
+}
+
+TEST_F(WatchCacheTest, CompletionQueues_ShutDownOnlyOnceNoStreamHoldsThem) {
+  WatchCache cache({absl::Seconds(60)}, &metrics_);
+  cache.StartCompletionQueues();
+  auto hold = std::make_unique<WatchCache::CompletionQueueHold>(&cache);
+
+  std::atomic<bool> returned{false};
+  std::atomic<pid_t> tid{0};
+  std::thread stopper([&] {
+    tid = testing::ThisThreadId();
+    cache.ShutdownCompletionQueues();
+    returned = true;
+  });
+  ASSERT_TRUE(
+      testing::Eventually([&] { return returned || (tid != 0 && testing::ThreadAsleep(tid)); },
+                          "ShutdownCompletionQueues returns or waits"));
+  EXPECT_FALSE(returned) << "the queues were shut down while a stream held them";
+  // A stream that holds them may still start operations there.
+  NotingCompletion completion;
+  grpc::Alarm alarm;
+  alarm.Set(cache.completion_queue(0), gpr_time_0(GPR_CLOCK_REALTIME), completion.AsTag());
+  ASSERT_TRUE(testing::Eventually(
+      [&] {
+        absl::MutexLock l(&completion.mu);
+        return completion.thread.has_value();
+      },
+      "the alarm's completion runs"));
+
+  hold.reset();
+  stopper.join();
+  EXPECT_TRUE(returned);
 }
 
 }  // namespace
