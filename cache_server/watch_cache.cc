@@ -279,26 +279,21 @@ bool WatchCache::Wait(Dispatcher* d, absl::Time deadline) {
     // milliseconds.
     absl::Time real_deadline =
         clock == RealClock::Get() ? deadline : absl::Now() + options_.other_clock_poll_interval;
-    bool open = RunCompletion(d, real_deadline);
+    bool drained =
+        RunCompletion(d, absl::ToChronoTime(real_deadline)) == grpc::CompletionQueue::SHUTDOWN;
     absl::MutexLock l(&d->queue_mu);
     d->sleeping = false;
-    if (!open) d->cq_state = QueueState::kDrained;
+    if (drained) d->cq_state = QueueState::kDrained;
   }
 }
 
-bool WatchCache::RunCompletion(Dispatcher* d, absl::Time deadline) {
+grpc::CompletionQueue::NextStatus WatchCache::RunCompletion(
+    Dispatcher* d, std::chrono::system_clock::time_point deadline) {
   void* tag = nullptr;
   bool ok = false;
-  switch (d->cq->AsyncNext(&tag, &ok, absl::ToChronoTime(deadline))) {
-    case grpc::CompletionQueue::SHUTDOWN:
-      return false;
-    case grpc::CompletionQueue::TIMEOUT:
-      return true;
-    case grpc::CompletionQueue::GOT_EVENT:
-      Completion::FromTag(tag)->Complete(ok);
-      return true;
-  }
-  return true;
+  grpc::CompletionQueue::NextStatus status = d->cq->AsyncNext(&tag, &ok, deadline);
+  if (status == grpc::CompletionQueue::GOT_EVENT) Completion::FromTag(tag)->Complete(ok);
+  return status;
 }
 
 void WatchCache::RunReadyCompletions(Dispatcher* d) {
@@ -306,21 +301,14 @@ void WatchCache::RunReadyCompletions(Dispatcher* d) {
     absl::MutexLock l(&d->queue_mu);
     if (d->cq_state == QueueState::kNone || d->cq_state == QueueState::kDrained) return;
   }
-  void* tag = nullptr;
-  bool ok = false;
-  while (true) {
-    switch (d->cq->AsyncNext(&tag, &ok, std::chrono::system_clock::time_point())) {
-      case grpc::CompletionQueue::GOT_EVENT:
-        Completion::FromTag(tag)->Complete(ok);
-        continue;
-      case grpc::CompletionQueue::SHUTDOWN: {
-        absl::MutexLock l(&d->queue_mu);
-        d->cq_state = QueueState::kDrained;
-        return;
-      }
-      case grpc::CompletionQueue::TIMEOUT:
-        return;
-    }
+  // A deadline in the past: only what is ready.
+  grpc::CompletionQueue::NextStatus status;
+  do {
+    status = RunCompletion(d, std::chrono::system_clock::time_point());
+  } while (status == grpc::CompletionQueue::GOT_EVENT);
+  if (status == grpc::CompletionQueue::SHUTDOWN) {
+    absl::MutexLock l(&d->queue_mu);
+    d->cq_state = QueueState::kDrained;
   }
 }
 

@@ -6,10 +6,10 @@
 // and every dispatcher receives every event: it delivers it to those of its watchers of the
 // event's resource whose filters the object matches before or after the change. An update that
 // makes an object stop matching is delivered as DELETED, one that makes it start matching as
-// ADDED (as Kubernetes' watch cache does). Each
-// dispatcher also sends bookmarks to its idle watchers, asks them about every kSweepInterval
-// whether their clients still read (Watcher::Sweep), and ends the watchers of a resource that
-// stops being served, after that resource's last events.
+// ADDED (as Kubernetes' watch cache does). Each dispatcher also sends bookmarks to its idle
+// watchers, asks them about every kSweepInterval whether their clients still read
+// (Watcher::Sweep), and ends the watchers of a resource that stops being served, after that
+// resource's last events.
 //
 // An event is serialized at most once per type in which watchers see it (usually once), by
 // whichever dispatcher needs it first; every watcher that sees it that way shares those bytes.
@@ -44,6 +44,7 @@
 #include <grpcpp/support/slice.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -313,9 +314,10 @@ class WatchCache {
   // Waits until d's queue has items or the clock reaches `deadline`, running d's completions
   // meanwhile. Returns false when the dispatcher is stopping.
   bool Wait(Dispatcher* d, absl::Time deadline);
-  // Waits on d's completion queue until `deadline` (real time) or the first completion, and runs
-  // it; returns false once the queue has been shut down and drained.
-  bool RunCompletion(Dispatcher* d, absl::Time deadline);
+  // Waits on d's completion queue until `deadline` (real time) for one completion and runs it;
+  // returns what gRPC answered (SHUTDOWN once the queue has been shut down and drained).
+  grpc::CompletionQueue::NextStatus RunCompletion(Dispatcher* d,
+                                                  std::chrono::system_clock::time_point deadline);
   // Runs the completions ready on d's queue now, without waiting.
   void RunReadyCompletions(Dispatcher* d);
   // Delivers one item; appends the watchers it delivered to first since their last Flush to

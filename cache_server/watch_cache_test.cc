@@ -309,17 +309,28 @@ class ThreadNotingWatcher : public FakeWatcher {
   std::atomic<std::thread::id> thread;
 };
 
-// Notes the thread that runs it.
-struct NotingCompletion : WatchCache::Completion {
-  void Complete(bool ok) override {
-    absl::MutexLock l(&mu);
-    thread = std::this_thread::get_id();
-    completed = ok;
-  }
-  absl::Mutex mu;
-  std::optional<std::thread::id> thread ABSL_GUARDED_BY(mu);
-  bool completed ABSL_GUARDED_BY(mu) = false;
-};
+// Sets an alarm on `cq` that fires at once and waits for its completion to run. Returns the
+// thread that ran it, or nothing if it did not run in time.
+std::optional<std::thread::id> RunAlarmOn(grpc::CompletionQueue* cq) {
+  struct NotingCompletion : WatchCache::Completion {
+    void Complete(bool ok) override {
+      absl::MutexLock l(&mu);
+      if (ok) thread = std::this_thread::get_id();
+    }
+    absl::Mutex mu;
+    std::optional<std::thread::id> thread ABSL_GUARDED_BY(mu);
+  } completion;
+  grpc::Alarm alarm;
+  alarm.Set(cq, gpr_time_0(GPR_CLOCK_REALTIME), completion.AsTag());
+  testing::Eventually(
+      [&] {
+        absl::MutexLock l(&completion.mu);
+        return completion.thread.has_value();
+      },
+      "the alarm's completion runs");
+  absl::MutexLock l(&completion.mu);
+  return completion.thread;
+}
 
 TEST_F(WatchCacheTest, CompletionQueues_PublishWakesTheDispatcher_CompletionsRunOnItsThread) {
   // The clock never moves and a dispatcher waiting on its queue would look at it only after an
@@ -345,20 +356,9 @@ TEST_F(WatchCacheTest, CompletionQueues_PublishWakesTheDispatcher_CompletionsRun
   EXPECT_NE(dispatcher, std::this_thread::get_id());
 
   // An operation completing on the dispatcher's queue is run by the dispatcher itself.
-  NotingCompletion completion;
-  grpc::Alarm alarm;
-  alarm.Set(cache.completion_queue(0), gpr_time_0(GPR_CLOCK_REALTIME), completion.AsTag());
-  ASSERT_TRUE(testing::Eventually(
-      [&] {
-        absl::MutexLock l(&completion.mu);
-        return completion.thread.has_value();
-      },
-      "the alarm's completion runs"));
-  {
-    absl::MutexLock l(&completion.mu);
-    EXPECT_EQ(*completion.thread, dispatcher);
-    EXPECT_TRUE(completion.completed);
-  }
+  std::optional<std::thread::id> ran = RunAlarmOn(cache.completion_queue(0));
+  ASSERT_TRUE(ran.has_value()) << "the alarm's completion did not run";
+  EXPECT_EQ(*ran, dispatcher);
 
   // Once the queues are shut down, the dispatcher waits on its condition again.
   cache.ShutdownCompletionQueues();
@@ -386,15 +386,8 @@ TEST_F(WatchCacheTest, CompletionQueues_ShutDownOnlyOnceNoStreamHoldsThem) {
                           "ShutdownCompletionQueues returns or waits"));
   EXPECT_FALSE(returned) << "the queues were shut down while a stream held them";
   // A stream that holds them may still start operations there.
-  NotingCompletion completion;
-  grpc::Alarm alarm;
-  alarm.Set(cache.completion_queue(0), gpr_time_0(GPR_CLOCK_REALTIME), completion.AsTag());
-  ASSERT_TRUE(testing::Eventually(
-      [&] {
-        absl::MutexLock l(&completion.mu);
-        return completion.thread.has_value();
-      },
-      "the alarm's completion runs"));
+  ASSERT_TRUE(RunAlarmOn(cache.completion_queue(0)).has_value())
+      << "the alarm's completion did not run";
 
   hold.reset();
   stopper.join();
