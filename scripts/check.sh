@@ -75,7 +75,8 @@ for stage in "${stages[@]}"; do
       # Only what the concurrency suites need: the tests and the server they start.
       targets=(cache_server write_stream_test shared_informer_test dynamic_informer_factory_test
         work_queue_test leader_elector_test watch_cache_test object_store_test clock_test
-        reflector_liveness_test group_committer_test write_stream_reactor_test watch_reactor_test)
+        reflector_liveness_test group_committer_test write_stream_reactor_test watch_reactor_test
+        callback_queue_ticker_test)
       cmake --build "$dir" -j"$(nproc)" --target "${targets[@]}"
       reports="$root/$dir/sanitizer-reports"
       rm -rf "$reports" && mkdir -p "$reports"
