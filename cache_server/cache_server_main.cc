@@ -22,6 +22,7 @@
 #include "cache_server/store_metrics.h"
 #include "cache_server/store_service.h"
 #include "cache_server/watch_cache.h"
+#include "common/callback_queue_ticker.h"
 #include "common/flags.h"
 #include "common/http_server.h"
 #include "common/port_file.h"
@@ -336,6 +337,9 @@ int Run(Config config, const std::string& role_name) {
   // Watch calls are taken from here on (they wait in the server until then): the refusals above
   // leave no acceptor thread behind the server.
   service.AcceptWatches();
+  // Without it, a request that comes after a quiet second may wait up to 100 ms for one of gRPC's
+  // callback threads (see the header).
+  CallbackQueueTicker ticker;
   server->GetHealthCheckService()->SetServingStatus(true);
   spdlog::info(
       "serving role={} store_id={} grpc={} (port {}) http={} (port {}) data_dir={} sync={} "

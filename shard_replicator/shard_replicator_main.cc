@@ -10,6 +10,7 @@
 #include "absl/flags/flag.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "common/callback_queue_ticker.h"
 #include "common/client/leader_elector.h"
 #include "common/flags.h"
 #include "common/http_server.h"
@@ -174,6 +175,9 @@ int Run() {
 
   absl::StatusOr<std::unique_ptr<ShardReplicator>> replicator = ShardReplicator::Start(options);
   if (!replicator.ok()) return Refuse(replicator.status());
+  // The replicator's streams take their callbacks on gRPC's callback threads, which nap after a
+  // quiet second (see the header).
+  CallbackQueueTicker ticker;
   std::atomic<bool> stopping{false};
   ShardReplicator* raw = replicator->get();
   HttpServer http(registry, [raw, &stopping]() {
