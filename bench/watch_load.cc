@@ -392,6 +392,9 @@ WatchLoadResult RunWatchLoad(const WatchLoadOptions& options, Target* watch_targ
       if (log.ok[seq]) acks.push_back(log.ack_ns[seq]);
     }
     r.write_ack = Summarize(&acks);
+    if (r.writes_planned > 0 && log.ok[0]) {
+      r.first_write_ack_ms = static_cast<double>(log.ack_ns[0]) / 1e6;
+    }
     KeepUnendedStreams(all_done, &watchers, &r);
     return r;
   }
