@@ -6,6 +6,7 @@
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/status.h>
 #include <grpcpp/support/stub_options.h>
+#include <spdlog/spdlog.h>
 
 #include <string>
 #include <utility>
@@ -45,13 +46,23 @@ CallbackQueueTicker::~CallbackQueueTicker() {
   thread_.join();
   State* s = state_.get();
   absl::MutexLock l(&s->mu);
-  auto all_done = [s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) { return s->in_flight == 0; };
-  // A cancelled call completes at once, and gRPC runs every completion.
-  s->mu.Await(absl::Condition(&all_done));
+  auto done = [s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) { return s->in_flight == 0; };
+  // A cancelled call completes at once, unless every callback thread is stuck.
+  if (!s->mu.AwaitWithTimeout(absl::Condition(&done), kStopTimeout)) {
+    spdlog::warn("the last gRPC callback queue tick did not complete within {}",
+                 absl::FormatDuration(kStopTimeout));
+    // Its completion drops its reference to the channel: ours must outlive it (see the header).
+    new std::shared_ptr<grpc::Channel>(channel_);
+  }
 }
 
 grpc_connectivity_state CallbackQueueTicker::channel_state() const {
   return channel_->GetState(/*try_to_connect=*/false);
+}
+
+CallbackQueueTicker::Completion CallbackQueueTicker::last_completion() const {
+  absl::MutexLock l(&state_->mu);
+  return state_->last;
 }
 
 int64_t CallbackQueueTicker::ticks() const {
@@ -61,14 +72,18 @@ int64_t CallbackQueueTicker::ticks() const {
 
 void CallbackQueueTicker::Run() {
   State* s = state_.get();
-  absl::MutexLock l(&s->mu);
+  s->mu.Lock();
   while (!s->stopping) {
-    ++s->in_flight;
-    s->mu.Unlock();
-    Tick();
-    s->mu.Lock();
+    // Only once the last tick has completed: behind stuck callback threads, ticks would pile up.
+    if (s->in_flight == 0) {
+      ++s->in_flight;
+      s->mu.Unlock();
+      Tick();
+      s->mu.Lock();
+    }
     clock_->AwaitWithDeadline(&s->mu, absl::Condition(&s->stopping), clock_->Now() + interval_);
   }
+  s->mu.Unlock();
 }
 
 void CallbackQueueTicker::Tick() {
@@ -79,9 +94,10 @@ void CallbackQueueTicker::Tick() {
   // callback threads, which is the point.
   call->context.TryCancel();
   stub_.UnaryCall(&call->context, kMethod, grpc::StubOptions(), &call->request, &call->response,
-                  [state = state_, call](const grpc::Status&) {
+                  [state = state_, call](const grpc::Status& status) {
                     delete call;
                     absl::MutexLock l(&state->mu);
+                    state->last = Completion{status.error_code(), std::this_thread::get_id()};
                     --state->in_flight;
                     ++state->ticks;
                   });

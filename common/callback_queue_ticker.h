@@ -14,17 +14,22 @@
 // on a channel of its own, cancelled before it starts, so that it fails at once in the client with
 // CANCELLED and never reaches a server or a socket (the channel stays idle: it never connects).
 // Not on a server's in-process channel: there, a call reaches the server even when it was
-// cancelled first. The nexting thread that runs the completion starts its second again, so at
-// least one of them always waits on the queue. It costs a few microseconds `1 s / interval` times
-// a second.
+// cancelled first. The nexting thread that runs the completion starts its second again; with the
+// two or more nexting threads gRPC starts, one of them waits on the queue whenever the last tick
+// completed less than a second ago. A tick is started only once the one before has completed, so
+// ticks never pile up behind busy callback threads. Cost: one cancelled call about four times a
+// second.
 //
-// Thread-safety: construct and destroy on any one thread. The destructor stops the ticks and
-// waits until every call the ticker started has completed.
+// Thread-safety: ticks() and the accessors may be called from any thread. Construct and destroy
+// on any thread but gRPC's callback threads: the destructor waits (up to kStopTimeout) for the
+// tick in flight, whose call holds the channel. Were the channel's last reference dropped on a
+// callback thread, that thread would join the callback threads, itself among them.
 #ifndef SHARDCACHE_COMMON_CALLBACK_QUEUE_TICKER_H_
 #define SHARDCACHE_COMMON_CALLBACK_QUEUE_TICKER_H_
 
 #include <grpcpp/channel.h>
 #include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/support/status.h>
 
 #include <cstdint>
 #include <memory>
@@ -40,6 +45,15 @@ class CallbackQueueTicker {
  public:
   // Well under the nexting threads' one second.
   static constexpr absl::Duration kDefaultInterval = absl::Milliseconds(250);
+  // How long the destructor waits for the tick in flight; after that it leaves the channel to the
+  // process (see Thread-safety).
+  static constexpr absl::Duration kStopTimeout = absl::Seconds(5);
+
+  // What the last completed tick saw, for tests.
+  struct Completion {
+    grpc::StatusCode code = grpc::StatusCode::OK;
+    std::thread::id thread;
+  };
 
   // Starts ticking on a channel of its own, which never connects. `clock` (not owned) times the
   // ticks.
@@ -57,6 +71,9 @@ class CallbackQueueTicker {
   int64_t ticks() const;
   // The state of the channel the calls are made on (without trying to connect).
   grpc_connectivity_state channel_state() const;
+  Completion last_completion() const;
+  // The thread that starts the ticks.
+  std::thread::id ticking_thread() const { return thread_.get_id(); }
 
  private:
   // Shared with the calls' completions, which may still be leaving its mutex when the destructor
@@ -66,10 +83,11 @@ class CallbackQueueTicker {
     bool stopping ABSL_GUARDED_BY(mu) = false;
     int64_t in_flight ABSL_GUARDED_BY(mu) = 0;
     int64_t ticks ABSL_GUARDED_BY(mu) = 0;
+    Completion last ABSL_GUARDED_BY(mu);
   };
 
   void Run();
-  // Starts one call; its completion counts it and lets the destructor go on.
+  // Starts one call; its completion counts it and lets the next one start.
   void Tick();
 
   const std::shared_ptr<grpc::Channel> channel_;
