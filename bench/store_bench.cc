@@ -749,7 +749,7 @@ int RunWatch(Options options) {
       << "| create latency (sent to answered), p50 / p99 / max ms | " << LatencyCells(r.write_ack)
       << " |\n"
       << "| first create after the idle period, sent to answered | "
-      << (std::isnan(r.first_write_ack_ms) ? std::string("failed")
+      << (std::isnan(r.first_write_ack_ms) ? std::string("n/a (not answered OK)")
                                            : absl::StrFormat("%.2f ms", r.first_write_ack_ms))
       << " |\n"
       << absl::StrFormat("| CPU during load and drain, server / client | %.2f / %.2f cores |\n",

@@ -93,8 +93,8 @@ struct WatchLoadResult {
   LatencySummary send_to_receipt;                    // write sent -> event received by a watcher
   LatencySummary ack_to_receipt;  // write answered -> event received (negative: before the answer)
   LatencySummary write_ack;       // write sent -> write answered
-  // The first create's, sent after the watchers' idle period (NAN: it failed): a server that lets
-  // its threads sleep while idle answers it late.
+  // The first create's, sent after the watchers' idle period (NAN: not answered OK): a server that
+  // lets its threads sleep while idle answers it late.
   double first_write_ack_ms = NAN;
 
   ProcStats server_before;          // before any watcher
