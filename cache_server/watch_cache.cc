@@ -6,18 +6,7 @@
 #include <optional>
 
 #include "absl/time/clock.h"
-
-#if defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define SHARDCACHE_TSAN 1
-#endif
-#endif
-#if defined(__SANITIZE_THREAD__)
-#define SHARDCACHE_TSAN 1
-#endif
-#ifdef SHARDCACHE_TSAN
-#include <sanitizer/tsan_interface.h>
-#endif
+#include "common/tsan_annotations.h"
 
 namespace shardcache {
 
@@ -313,17 +302,13 @@ void WatchCache::RunReadyCompletions(Dispatcher* d) {
 }
 
 void* WatchCache::Completion::AsTag() {
-#ifdef SHARDCACHE_TSAN
-  __tsan_release(this);
-#endif
+  TsanRelease(this);
   return this;
 }
 
 WatchCache::Completion* WatchCache::Completion::FromTag(void* tag) {
   auto* completion = static_cast<Completion*>(tag);
-#ifdef SHARDCACHE_TSAN
-  __tsan_acquire(completion);
-#endif
+  TsanAcquire(completion);
   return completion;
 }
 
