@@ -23,6 +23,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/testing/wait.h"
+#include "common/tsan_annotations.h"
 
 namespace shardcache {
 namespace {
@@ -52,10 +53,16 @@ class CountingServer {
     grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext*) override {
       ++calls;
       struct Reactor : grpc::ServerGenericBidiReactor {
-        Reactor() { Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "counted")); }
-        void OnDone() override { delete this; }
+        void OnDone() override {
+          TsanAcquire(this);
+          delete this;
+        }
       };
-      return new Reactor;
+      auto* reactor = new Reactor;
+      // Its construction comes before OnDone, on another thread (gRPC orders the two).
+      TsanRelease(reactor);
+      reactor->Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "counted"));
+      return reactor;
     }
     std::atomic<int> calls{0};
   };
