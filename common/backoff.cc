@@ -22,9 +22,8 @@ absl::Duration Backoff::Next() {
     current_ = absl::ZeroDuration();
   }
   healthy_since_ = absl::InfiniteFuture();
-  current_ = current_ == absl::ZeroDuration()
-                 ? options_.initial
-                 : std::min(options_.max, current_ * options_.factor);
+  current_ = current_ == absl::ZeroDuration() ? options_.initial
+                                              : std::min(options_.max, current_ * options_.factor);
   double spread = options_.jitter > 0 ? absl::Uniform(rng_, 0.0, options_.jitter) : 0.0;
   return current_ * (1.0 + spread);
 }

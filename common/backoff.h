@@ -24,9 +24,9 @@ class Backoff {
  public:
   struct Options {
     absl::Duration initial = absl::Milliseconds(800);  // the first delay
-    double factor = 2.0;                                // growth per failure (>= 1)
-    absl::Duration max = absl::Seconds(30);             // the largest delay (before jitter)
-    double jitter = 1.0;                                // up to +100%
+    double factor = 2.0;                               // growth per failure (>= 1)
+    absl::Duration max = absl::Seconds(30);            // the largest delay (before jitter)
+    double jitter = 1.0;                               // up to +100%
     // After this long since Succeeded() without a Next(), the next delay is `initial` again.
     absl::Duration reset_after = absl::Minutes(2);
   };
