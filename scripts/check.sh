@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The checks that scripts/test.sh runs after the Release build and its tests (and so CI runs them):
 #
+#   format  every C++ file of the repository laid out as .clang-format says (clang-format
+#         --dry-run -Werror); `clang-format -i FILE` fixes one.
 #   asan  build-asan/: clang with -Wall -Wextra -Wthread-safety -Wthread-safety-beta -Werror, and
 #         AddressSanitizer (with LeakSanitizer) + UndefinedBehaviorSanitizer. Builds everything
 #         (bench and process tests too, for the warnings); runs every unit test
@@ -10,7 +12,7 @@
 #         (ctest label "concurrency": clock, informers, reflector liveness, work queue, leader
 #         elector, watch cache, object store, write stream) and the cache_server they start.
 #
-#   scripts/check.sh            both stages
+#   scripts/check.sh            every stage
 #   scripts/check.sh tsan       only the named stages
 #
 # Each stage runs even if an earlier one failed, and the exit status is 1 if any failed; a build
@@ -23,7 +25,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root="$PWD"
 
 stages=("$@")
-((${#stages[@]})) || stages=(asan tsan)
+((${#stages[@]})) || stages=(format asan tsan)
 
 bash scripts/deps.sh
 
@@ -58,6 +60,15 @@ for stage in "${stages[@]}"; do
   start=$SECONDS
   status=0
   case "$stage" in
+    format)
+      # The files git knows (a clean clone's); outside a git checkout, the source folders'.
+      if ! files=$(git ls-files '*.cc' '*.h' 2>/dev/null) || [[ -z "$files" ]]; then
+        files=$(find bench cache_server common integration_tests shard_replicator sanitizers \
+          -name '*.cc' -o -name '*.h')
+      fi
+      # shellcheck disable=SC2086 # one file name a word
+      clang-format --dry-run -Werror $files || status=$?
+      ;;
     asan)
       dir=build-asan
       # Everything is built, so that -Werror covers all the code; the process tests do not run.
@@ -84,7 +95,7 @@ for stage in "${stages[@]}"; do
         run_ctest "$dir" -L concurrency || status=$?
       ;;
     *)
-      echo "check.sh: unknown stage $stage (want asan or tsan)" >&2
+      echo "check.sh: unknown stage $stage (want format, asan or tsan)" >&2
       exit 2
       ;;
   esac

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs every test (unit and integration) with ctest; then
-# scripts/check.sh: the clang build with thread-safety analysis and -Werror whose unit tests run
-# under ASan+UBSan, and the ThreadSanitizer run of the concurrency suites (README.md, "Testing").
+# scripts/check.sh: the layout of every C++ file (clang-format), the clang build with
+# thread-safety analysis and -Werror whose unit tests run under ASan+UBSan, and the
+# ThreadSanitizer run of the concurrency suites (README.md, "Testing").
 # Exits non-zero at the first stage that fails; running no test at all is an error.
 set -euo pipefail
 
