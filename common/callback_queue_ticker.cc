@@ -21,18 +21,14 @@ namespace {
 // No service has it: a call that reached a server by mistake would be answered UNIMPLEMENTED.
 constexpr char kMethod[] = "/shardcache.internal.CallbackQueueTicker/Tick";
 
-// The address through which a tick's start is ordered before its completion for
-// ThreadSanitizer (see common/tsan_annotations.h).
-char kHandOver;
-
-}  // namespace
-
 // One call's buffers and context, from its start to its completion.
-struct CallbackQueueTicker::TickCall {
+struct TickCall {
   grpc::ClientContext context;
   grpc::ByteBuffer request;
   grpc::ByteBuffer response;
 };
+
+}  // namespace
 
 CallbackQueueTicker::CallbackQueueTicker(absl::Duration interval, const Clock* clock)
     // Never dialled (the calls are cancelled before they start); were it, the connection would
@@ -103,14 +99,14 @@ void CallbackQueueTicker::Tick() {
   call->context.TryCancel();
   std::function<void(grpc::Status)> done = [state = state_, call](const grpc::Status& status) {
     // gRPC's core, which ThreadSanitizer does not see, ordered the start before this.
-    TsanAcquire(&kHandOver);
+    TsanAcquire(call);
     delete call;
     absl::MutexLock l(&state->mu);
     state->last = Completion{status.error_code(), std::this_thread::get_id()};
     --state->in_flight;
     ++state->ticks;
   };
-  TsanRelease(&kHandOver);
+  TsanRelease(call);
   stub_.UnaryCall(&call->context, kMethod, grpc::StubOptions(), &call->request, &call->response,
                   std::move(done));
 }

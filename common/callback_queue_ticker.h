@@ -86,9 +86,6 @@ class CallbackQueueTicker {
     Completion last ABSL_GUARDED_BY(mu);
   };
 
-  // One call's buffers and context, from its start to its completion.
-  struct TickCall;
-
   void Run();
   // Starts one call; its completion counts it and lets the next one start.
   void Tick();

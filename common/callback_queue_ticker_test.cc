@@ -59,9 +59,10 @@ class CountingServer {
         }
       };
       auto* reactor = new Reactor;
-      // Its construction comes before OnDone, on another thread (gRPC orders the two).
-      TsanRelease(reactor);
+      // Replayed once the reactor is returned and bound: OnDone comes after this function.
       reactor->Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "counted"));
+      // OnDone runs on another thread, ordered after this by gRPC's core.
+      TsanRelease(reactor);
       return reactor;
     }
     std::atomic<int> calls{0};

@@ -34,6 +34,7 @@ inline void TsanRelease(void* addr) {
 #endif
 }
 
+// Everything written before a TsanRelease(addr) on another thread is visible to this thread.
 inline void TsanAcquire(void* addr) {
 #ifdef SHARDCACHE_TSAN
   __tsan_acquire(addr);
