@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The checks that scripts/test.sh runs after the Release build and its tests (and so CI runs them):
+# The checks that scripts/test.sh runs (and so CI): format before the Release build and its
+# tests, asan and tsan after them.
 #
 #   format  every C++ file of the repository laid out as .clang-format says (clang-format
 #         --dry-run -Werror); `clang-format -i FILE` fixes one.
@@ -61,13 +62,25 @@ for stage in "${stages[@]}"; do
   status=0
   case "$stage" in
     format)
-      # The files git knows (a clean clone's); outside a git checkout, the source folders'.
-      if ! files=$(git ls-files '*.cc' '*.h' 2>/dev/null) || [[ -z "$files" ]]; then
-        files=$(find bench cache_server common integration_tests shard_replicator sanitizers \
-          -name '*.cc' -o -name '*.h')
+      # The files git tracks (a clean clone's); outside a git work tree, the source folders'.
+      files=()
+      if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+        while IFS= read -r -d '' f; do
+          [[ -e "$f" ]] && files+=("$f")
+        done < <(git ls-files -z -- '*.cc' '*.h')
+      else
+        for d in bench cache_server common integration_tests sanitizers shard_replicator; do
+          [[ -d "$d" ]] || continue
+          while IFS= read -r -d '' f; do files+=("$f"); done \
+            < <(find "$d" \( -name '*.cc' -o -name '*.h' \) -print0)
+        done
       fi
-      # shellcheck disable=SC2086 # one file name a word
-      clang-format --dry-run -Werror $files || status=$?
+      if ((${#files[@]} == 0)); then
+        echo "check.sh: format: no C++ file found" >&2
+        status=1
+      else
+        clang-format --dry-run -Werror "${files[@]}" || status=$?
+      fi
       ;;
     asan)
       dir=build-asan

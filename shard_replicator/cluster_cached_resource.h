@@ -48,9 +48,9 @@ struct CcrInvalid {
 
 // Parses and validates a CCR's spec (a types::v1::ClusterCachedResourceSpec read through
 // common/struct_codec.h: unknown fields ignored, but in the label selector): group (may be empty:
-// the core group), version and resource as in Kubernetes, and an optional metav1.LabelSelector. The
-// error's message names the field
-// ("spec.resource: Required value"); `*invalid` (when not null) gets the reason too.
+// the core group), version and resource as in Kubernetes, and an optional metav1.LabelSelector.
+// The error's message names the field ("spec.resource: Required value"); `*invalid` (when not
+// null) gets the reason too.
 absl::StatusOr<CcrSpec> ParseCcrSpec(const v1::Object& ccr, CcrInvalid* invalid);
 
 // The copy of `origin` that the cache should hold: the origin's cluster, namespace, name, uid,
