@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "cache_server/rocksdb_storage.h"
+#include "cache_server/testing/in_process_server.h"
 #include "common/testing/server_process.h"
 #include "common/testing/status_matchers.h"
 
@@ -638,52 +639,9 @@ TEST_F(ObjectStoreTest, Durability_AckedWritesAndEpochsAreInACommittedBatch) {
   EXPECT_EQ(epochs["s1"], 7);
 }
 
-// A Storage whose Commit waits until the test opens the gate, and records what it was given.
-class GatedStorage : public Storage {
- public:
-  absl::StatusOr<PersistedState> Load() override { return PersistedState(); }
-  absl::Status Commit(const CommitBatch& batch) override {
-    absl::MutexLock l(&mu_);
-    batches_.push_back(batch);
-    auto open = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return open_; };
-    mu_.Await(absl::Condition(&open));
-    ++committed_;
-    return absl::OkStatus();
-  }
-  // Waits (up to 10 s) until a Commit has been given an epoch for `shard`; returns whether it was.
-  bool WaitForEpochCommit(const std::string& shard) {
-    absl::MutexLock l(&mu_);
-    auto seen = [this, &shard]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      for (const CommitBatch& b : batches_) {
-        if (b.epochs.count(shard) > 0) return true;
-      }
-      return false;
-    };
-    return mu_.AwaitWithTimeout(absl::Condition(&seen), absl::Seconds(10));
-  }
-  void Open() {
-    absl::MutexLock l(&mu_);
-    open_ = true;
-  }
-  std::vector<CommitBatch> batches() {
-    absl::MutexLock l(&mu_);
-    return batches_;
-  }
-  // Commits that have returned.
-  int committed() {
-    absl::MutexLock l(&mu_);
-    return committed_;
-  }
-
- private:
-  absl::Mutex mu_;
-  bool open_ ABSL_GUARDED_BY(mu_) = false;
-  int committed_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<CommitBatch> batches_ ABSL_GUARDED_BY(mu_);
-};
-
 TEST_F(ObjectStoreTest, Durability_ClaimAloneIsCommittedBeforeItIsAnswered) {
-  GatedStorage storage;
+  testing::GatedStorage storage;
+  storage.Close();
   ObjectStore::Options o;
   o.role = Role::kCache;
   o.clock = &clock_;
@@ -691,7 +649,7 @@ TEST_F(ObjectStoreTest, Durability_ClaimAloneIsCommittedBeforeItIsAnswered) {
   store_ = std::make_unique<ObjectStore>(o, &cache_, &metrics_);
   absl::Notification answered;
   absl::StatusOr<int64_t> result;
-  int committed_when_answered = -1;
+  size_t committed_when_answered = 0;
   store_->ClaimEpochAsync(Claim("s1", 3), [&](absl::StatusOr<int64_t> r) {
     result = std::move(r);
     committed_when_answered = storage.committed();
@@ -704,7 +662,7 @@ TEST_F(ObjectStoreTest, Durability_ClaimAloneIsCommittedBeforeItIsAnswered) {
   EXPECT_FALSE(answered.HasBeenNotified()) << "the claim was answered before it was durable";
   storage.Open();
   ASSERT_TRUE(answered.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  EXPECT_EQ(committed_when_answered, 1) << "the claim was answered before it was durable";
+  EXPECT_EQ(committed_when_answered, 1u) << "the claim was answered before it was durable";
   EXPECT_THAT(result, HoldsEpoch(3));
   std::vector<CommitBatch> batches = storage.batches();
   ASSERT_EQ(batches.size(), 1u);

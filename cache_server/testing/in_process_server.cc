@@ -14,6 +14,7 @@ absl::Status GatedStorage::Commit(const CommitBatch& batch) {
   batches_.push_back(batch);
   mu_.Await(absl::Condition(
       +[](bool* closed) { return !*closed; }, &closed_));
+  ++committed_;
   return absl::OkStatus();
 }
 
@@ -35,6 +36,22 @@ std::vector<CommitBatch> GatedStorage::batches() const {
 size_t GatedStorage::commits() const {
   absl::MutexLock l(&mu_);
   return batches_.size();
+}
+
+size_t GatedStorage::committed() const {
+  absl::MutexLock l(&mu_);
+  return committed_;
+}
+
+bool GatedStorage::WaitForEpochCommit(const std::string& shard, absl::Duration timeout) {
+  absl::MutexLock l(&mu_);
+  auto seen = [this, &shard]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const CommitBatch& b : batches_) {
+      if (b.epochs.count(shard) > 0) return true;
+    }
+    return false;
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&seen), timeout);
 }
 
 namespace {

@@ -41,11 +41,17 @@ class GatedStorage : public Storage {
   std::vector<CommitBatch> batches() const;
   // How many Commit calls have begun.
   size_t commits() const;
+  // How many Commit calls have returned.
+  size_t committed() const;
+  // Waits (up to `timeout`) until a Commit has been given an epoch for `shard`; returns whether
+  // one was.
+  bool WaitForEpochCommit(const std::string& shard, absl::Duration timeout = absl::Seconds(10));
 
  private:
   mutable absl::Mutex mu_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<CommitBatch> batches_ ABSL_GUARDED_BY(mu_);
+  size_t committed_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 class InProcessServer {
