@@ -254,10 +254,9 @@ bool WatchCache::Wait(Dispatcher* d, absl::Time deadline) {
       absl::MutexLock l(&d->queue_mu);
       if (d->stopping) return false;
       if (!d->queue.empty() || clock->Now() >= deadline) return true;
-      if (d->cq_state == QueueState::kNone || d->cq_state == QueueState::kDrained) {
+      if (!d->OnCompletionQueue()) {
         auto ready = [d]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->queue_mu) {
-          return d->stopping || !d->queue.empty() ||
-                 (d->cq_state != QueueState::kNone && d->cq_state != QueueState::kDrained);
+          return d->stopping || !d->queue.empty() || d->OnCompletionQueue();
         };
         clock->AwaitWithDeadline(&d->queue_mu, absl::Condition(&ready), deadline);
         continue;
@@ -288,7 +287,7 @@ grpc::CompletionQueue::NextStatus WatchCache::RunCompletion(
 void WatchCache::RunReadyCompletions(Dispatcher* d) {
   {
     absl::MutexLock l(&d->queue_mu);
-    if (d->cq_state == QueueState::kNone || d->cq_state == QueueState::kDrained) return;
+    if (!d->OnCompletionQueue()) return;
   }
   // A deadline in the past: only what is ready.
   grpc::CompletionQueue::NextStatus status;

@@ -292,6 +292,10 @@ class WatchCache {
     // The completion queue (set once by StartCompletionQueues) and its state.
     std::unique_ptr<grpc::CompletionQueue> cq;
     QueueState cq_state ABSL_GUARDED_BY(queue_mu) = QueueState::kNone;
+    // The thread waits on cq (it is open, or shut down and not yet drained), not on the condition.
+    bool OnCompletionQueue() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu) {
+      return cq_state == QueueState::kOpen || cq_state == QueueState::kShuttingDown;
+    }
     // The thread waits on cq with nothing queued: Enqueue must wake it (with `alarm`).
     bool sleeping ABSL_GUARDED_BY(queue_mu) = false;
     bool wake_pending ABSL_GUARDED_BY(queue_mu) = false;

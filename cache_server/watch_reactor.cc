@@ -50,15 +50,12 @@ void WatchReactor::Begin() {
 }
 
 void WatchReactor::Reject(const grpc::Status& status) {
-  Action a;
   {
     absl::MutexLock l(&mu_);
-    started_ = true;
     RequestFinishLocked(status);
-    a = NextLocked();
   }
-  Act(a);
-  Unref();
+  // Nothing is queued (the watcher was not registered): Begin sends the Finish.
+  Begin();
 }
 
 void WatchReactor::Init(WatchSpec spec,
