@@ -65,6 +65,10 @@ ABSL_FLAG(absl::Duration, watch_stall_timeout, absl::Seconds(5),
           "ended; a watcher that reads is never ended: the writers are slowed instead");
 ABSL_FLAG(int32_t, watch_dispatchers, 2,
           "threads that fan events out to watchers (each serves a share of the watchers)");
+ABSL_FLAG(bool, watch_cork_writes, true,
+          "each fan-out thread corks (TCP_CORK) the connections it writes watch events to until "
+          "its pass over the watchers ends, so that one event to many streams of a connection "
+          "leaves in a few TCP segments; --watch-cork-writes=false sends each message at once");
 ABSL_FLAG(absl::Duration, bookmark_interval, absl::Seconds(5),
           "how often idle watchers receive a BOOKMARK event");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
@@ -173,6 +177,7 @@ absl::StatusOr<Config> ConfigFromFlags() {
   if (c.watch.dispatchers < 1 || c.watch.dispatchers > 64) {
     return absl::InvalidArgumentError("--watch-dispatchers: must be between 1 and 64");
   }
+  c.watch.cork_writes = absl::GetFlag(FLAGS_watch_cork_writes);
   c.watch.bookmark_interval = absl::GetFlag(FLAGS_bookmark_interval);
   if (c.watch.bookmark_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--bookmark-interval: must be positive");

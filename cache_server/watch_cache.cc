@@ -203,6 +203,8 @@ void WatchCache::Run(Dispatcher* d) {
   absl::Time next_sweep = clock->Now() + kSweepInterval;
   std::deque<Item> batch;
   std::vector<Watcher*> unflushed;
+  // The writes that this thread starts are held corked until Wait releases them (socket_cork.h).
+  SocketCork::Scope cork;
   while (true) {
     if (!Wait(d, std::min(next_bookmark, next_sweep))) return;
     {
@@ -250,6 +252,8 @@ void WatchCache::Run(Dispatcher* d) {
 bool WatchCache::Wait(Dispatcher* d, absl::Time deadline) {
   const Clock* clock = options_.clock;
   while (true) {
+    // What the last pass (or completion) wrote goes out before the thread may block.
+    SocketCork::Release();
     {
       absl::MutexLock l(&d->queue_mu);
       if (d->stopping) return false;

@@ -26,6 +26,10 @@
 // longer than the stall timeout). The publisher, the store's committer, then holds back
 // acknowledgements: writers are slowed, and no reading watcher is ended for the server's lag.
 //
+// Each dispatcher keeps a SocketCork scope: the watch streams' writes that it starts during one
+// pass of its loop leave each connection together, when it uncorks them before waiting again
+// (Options::cork_writes).
+//
 // gRPC's completions on the dispatchers' threads: a server that serves watches with gRPC's async
 // API gives each dispatcher a completion queue (StartCompletionQueues). The dispatcher then
 // waits on that queue instead of on a condition, and runs whatever completes there (Completion
@@ -59,6 +63,7 @@
 #include "absl/time/time.h"
 #include "cache_server/event_chunks.h"
 #include "cache_server/object_filter.h"
+#include "cache_server/socket_cork.h"
 #include "cache_server/store_metrics.h"
 #include "common/clock.h"
 
@@ -179,6 +184,10 @@ class WatchCache {
     // A dispatcher waiting on its completion queue waits in real time: with a `clock` other than
     // the real one (a test's), it looks at that clock this often.
     absl::Duration other_clock_poll_interval = absl::Milliseconds(5);
+    // Each dispatcher corks the TCP connections of the watch streams it writes to during one
+    // pass of its loop, and uncorks them before it waits again (socket_cork.h): the messages of
+    // one pass leave each connection in a few segments rather than one each.
+    bool cork_writes = true;
   };
 
   WatchCache(Options options, StoreMetrics* metrics);
@@ -230,6 +239,9 @@ class WatchCache {
 
   // The number of registered watchers.
   size_t watcher_count() const;
+
+  // Finds the sockets of the watch streams' connections (for Options::cork_writes).
+  ConnectionSockets* sockets() { return &sockets_; }
 
   // Gives each dispatcher a completion queue of its own, which it waits on and whose
   // completions it runs from then on. The queues do not poll: gRPC's other threads do the I/O.
@@ -344,6 +356,7 @@ class WatchCache {
   // Where the dispatchers write the events' encodings; the first dispatcher lets idle chunks go
   // at each sweep.
   EventChunks chunks_;
+  ConnectionSockets sockets_;
 
   absl::Mutex holders_mu_;
   int holders_ ABSL_GUARDED_BY(holders_mu_) = 0;

@@ -140,6 +140,7 @@ void WatchReactor::OnAccepted(bool ok) {
     delete this;
     return;
   }
+  if (cache_->options().cork_writes) socket_ = cache_->sockets()->Find(ctx_.peer());
   // A copy: starting the call may end it, and delete the reactor, before the callback returns.
   AcceptedCallback start = on_accepted_;
   start(this);
@@ -294,6 +295,8 @@ WatchReactor::Action WatchReactor::NextLocked() {
 void WatchReactor::Act(Action action) {
   switch (action) {
     case Action::kWrite:
+      // On a dispatcher, the connection holds the message until the end of the pass.
+      SocketCork::Hold(socket_);
       writer_.Write(out_, write_done_.get());
       break;
     case Action::kFinish: {

@@ -32,6 +32,10 @@
 // watcher's queue, and in its message in flight, count towards the WatchCache's backlog, which
 // slows the writers instead.
 //
+// The writes that a dispatcher starts hold the call's connection corked until the dispatcher's
+// pass ends (socket_cork.h), so that one event sent to many streams of a connection leaves it in
+// a few segments.
+//
 // Every message carries the store's identity (WatchEvent.store_id): the message's slices are
 // followed by the encoding of that one field (a protobuf message parses the concatenation of two
 // encodings as their merge), so the shared encodings stay as they are.
@@ -208,6 +212,9 @@ class WatchReactor : public Watcher {
   grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
   // The message being written; only touched while writing_ is false or by the writer.
   grpc::ByteBuffer out_;
+  // The socket of the call's connection, corked while the dispatcher writes
+  // (WatchCache::Options::cork_writes), or -1. Set when the call arrives, before registration.
+  int socket_ = -1;
 };
 
 }  // namespace shardcache
