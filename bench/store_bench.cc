@@ -41,6 +41,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -58,6 +59,7 @@
 #include "absl/time/clock.h"
 #include "bench/bench_util.h"
 #include "bench/etcd_process.h"
+#include "bench/h2_client.h"
 #include "bench/read_load.h"
 #include "bench/replication_load.h"
 #include "bench/sync_load.h"
@@ -125,6 +127,10 @@ ABSL_FLAG(bool, watch_batch, true,
           "--mode=watch: cache_server's watchers ask for batches (WatchRequest.batch_events: "
           "several events in one message when more than one waits, as etcd sends them); "
           "--watch-batch=false: one event per message, as a grpcurl user receives them");
+ABSL_FLAG(std::string, watch_client, "grpc",
+          "--mode=watch: how the watchers read their streams: grpc (gRPC C++ callback reactors) "
+          "or http2 (the same calls over plain HTTP/2 with nghttp2, which reads many messages "
+          "at a time and costs the client a fraction of the CPU; not with --tls-certs)");
 // --mode=fsync
 ABSL_FLAG(std::string, fsync_dir, "",
           "--mode=fsync: directory for the test file (default: the build tree, which is on the "
@@ -190,6 +196,8 @@ struct Options {
   WriteLoadOptions write;
   // The watch load's shape; `run_id` is set per run.
   WatchLoadOptions watch;
+  // The watchers read through an H2Client (--watch-client=http2) rather than gRPC.
+  bool watch_http2 = false;
   // Fsync mode: the directory, block size and duration of each measurement; the sync call and
   // the write pattern are set per row.
   SyncLoadOptions sync;
@@ -343,6 +351,17 @@ absl::StatusOr<Options> OptionsFromFlags() {
   o.watch.rpc_timeout = rpc_timeout;
   o.watch.max_outstanding_writes = absl::GetFlag(FLAGS_max_outstanding_writes);
   o.watch.batch_events = absl::GetFlag(FLAGS_watch_batch);
+  if (std::string client = absl::GetFlag(FLAGS_watch_client); client == "http2") {
+    o.watch_http2 = true;
+    if (!absl::GetFlag(FLAGS_tls_certs).empty()) {
+      return absl::InvalidArgumentError(
+          "--watch-client=http2 speaks plain HTTP/2 only: use --watch-client=grpc with "
+          "--tls-certs");
+    }
+  } else if (client != "grpc") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--watch-client: \"", client, "\" (want grpc or http2)"));
+  }
   o.watch.resources = absl::GetFlag(FLAGS_resources);
   if (o.watch.resources < 1 || o.watch.resources > o.watch.watchers) {
     return absl::InvalidArgumentError("--resources: must be from 1 to --watchers");
@@ -542,6 +561,30 @@ std::vector<std::shared_ptr<grpc::Channel>> Channels(const std::string& address,
   return channels;
 }
 
+// The watchers' client for a server at `address`: an H2Client of `connections` connections with
+// --watch-client=http2 (its loops on as many threads as there are cores, as gRPC's callback
+// threads), else null (gRPC, over the target's channels).
+absl::StatusOr<std::shared_ptr<H2Client>> MakeWatchClient(const Options& o,
+                                                          const std::string& address,
+                                                          int connections) {
+  if (!o.watch_http2) return nullptr;
+  int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  absl::StatusOr<std::unique_ptr<H2Client>> client =
+      H2Client::Connect(address, connections, std::min(threads, connections));
+  if (!client.ok()) return client.status();
+  return std::shared_ptr<H2Client>(*std::move(client));
+}
+
+// How the watchers read, for the reports.
+std::string WatchClientDescription(const Options& o, int channels) {
+  return o.watch_http2
+             ? absl::StrCat("Watchers read over ", channels,
+                            " plain HTTP/2 connections with nghttp2 (--watch-client=http2: the "
+                            "same calls and bytes as gRPC's, many messages per read)")
+             : absl::StrCat("Watchers are gRPC callback reactors over ", channels,
+                            " channels (no thread per stream)");
+}
+
 std::string ServerDescription(const Options& o) {
   if (o.mode == Options::Mode::kFsync) return "none (--mode=fsync measures the disk alone)";
   if (o.mode == Options::Mode::kReplication) {
@@ -688,8 +731,15 @@ int RunWatch(Options options) {
   w.server_pid = server.pid();
   int channels = options.channels > 0 ? options.channels : 16;
   std::string load_before = LoadAverage();
+  absl::StatusOr<std::shared_ptr<H2Client>> watch_client =
+      MakeWatchClient(options, server.address(), channels);
+  if (!watch_client.ok()) {
+    std::cerr << "store_bench: cannot connect the watchers: " << watch_client.status().message()
+              << "\n";
+    return 2;
+  }
   WatchLoadResult r = RunWatchLoad(w, Channels(server.address(), channels),
-                                   MakeChannel(server.address(), channels));
+                                   MakeChannel(server.address(), channels), *watch_client);
   std::string load_after = LoadAverage();
   server.Stop(!r.Verified() || r.writes_failed > 0);
 
@@ -697,8 +747,7 @@ int RunWatch(Options options) {
       << "## Watch fan-out: " << w.watchers << " watchers, " << absl::StrFormat("%g", w.write_rate)
       << " creates/s for " << absl::FormatDuration(w.duration)
       << (w.resources > 1 ? absl::StrCat(", over ", w.resources, " resources") : "") << "\n\n"
-      << "Watchers are gRPC callback reactors over " << channels
-      << " channels (no thread per stream); writes are unary Creates of "
+      << WatchClientDescription(options, channels) << "; writes are unary Creates of "
       << MakeCreateRequest("0123456789", 0, 0, 0).ByteSizeLong()
       << "-byte objects on one more channel.\n\n"
       << "| server | threads | VmRSS MiB | VmHWM MiB |\n|---|---:|---:|---:|\n"
@@ -811,11 +860,14 @@ class SideServer {
   }
   // A target over `channels` fresh channels to this server.
   // cache_server's watches start from its current revision, as etcd's do (see target.h).
-  std::unique_ptr<Target> MakeTarget(int channels) const {
+  // With a `watch_client`, its watches go through it.
+  std::unique_ptr<Target> MakeTarget(int channels,
+                                     std::shared_ptr<H2Client> watch_client = nullptr) const {
     auto ch = Channels(address(), channels);
     return kind_ == Target::Kind::kCacheServer
-               ? MakeStoreTarget(ch, /*watch_from_now=*/true, options_.watch.batch_events)
-               : MakeEtcdTarget(ch);
+               ? MakeStoreTarget(ch, /*watch_from_now=*/true, options_.watch.batch_events,
+                                 std::move(watch_client))
+               : MakeEtcdTarget(ch, std::move(watch_client));
   }
   std::unique_ptr<Target> MakeTargetOn(std::shared_ptr<grpc::Channel> channel) const {
     std::vector<std::shared_ptr<grpc::Channel>> ch = {std::move(channel)};
@@ -954,9 +1006,9 @@ int RunSideBySide(Options options) {
         << MakeCreateRequest("0123456789", 0, 0, 0).object().ByteSizeLong() << "-byte objects for "
         << absl::FormatDuration(options.watch.duration)
         << ", in each round. Each watcher is its own stream (cache_server: Watch; etcd: "
-           "one Watch stream with one watch), over "
-        << (options.channels > 0 ? options.channels : 16)
-        << " channels; the writer has one more channel. Both watch from the current "
+           "one Watch stream with one watch). "
+        << WatchClientDescription(options, options.channels > 0 ? options.channels : 16)
+        << "; the writer has one more channel. Both watch from the current "
            "revision (cache_server: resourceVersion from a List; etcd: no start revision), "
            "so neither sends initial state. Watchers read each message's wire bytes for the "
            "few fields they check (type, revision, the spec's run, seq and send time), the "
@@ -998,7 +1050,14 @@ int RunSideBySide(Options options) {
         RoundResult rr;
         if (is_watch) {
           int channels = options.channels > 0 ? options.channels : 16;
-          std::unique_ptr<Target> watch_target = server.MakeTarget(channels);
+          absl::StatusOr<std::shared_ptr<H2Client>> watch_client =
+              MakeWatchClient(options, server.address(), channels);
+          if (!watch_client.ok()) {
+            std::cerr << "store_bench: cannot connect the watchers to " << server.name() << ": "
+                      << watch_client.status().message() << "\n";
+            return 2;
+          }
+          std::unique_ptr<Target> watch_target = server.MakeTarget(channels, *watch_client);
           std::unique_ptr<Target> write_target =
               server.MakeTargetOn(MakeChannel(server.address(), channels));
           WatchLoadOptions w = options.watch;

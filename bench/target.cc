@@ -16,6 +16,9 @@
 namespace shardcache::bench {
 namespace {
 
+constexpr char kStoreWatchPath[] = "/shardcache.v1.Store/Watch";
+constexpr char kEtcdWatchPath[] = "/etcdserverpb.Watch/Watch";
+
 std::chrono::system_clock::time_point DeadlineIn(absl::Duration timeout) {
   return absl::ToChronoTime(absl::Now() + timeout);
 }
@@ -43,14 +46,14 @@ void CallAsync(Request request, absl::Duration timeout, Start start, Finish fini
 
 // Reads the next message of `buffer` with `scan(CodedInputStream*)`, zero-copy over its slices.
 template <typename Scan>
-bool ScanBuffer(grpc::ByteBuffer* buffer, Scan scan) {
+auto ScanBuffer(grpc::ByteBuffer* buffer, Scan scan) {
   size_t length = buffer->Length();
   grpc::ProtoBufferReader reader(buffer);
   google::protobuf::io::CodedInputStream in(&reader);
   google::protobuf::io::CodedInputStream::Limit limit = in.PushLimit(static_cast<int>(length));
-  bool ok = scan(&in);
+  auto result = scan(&in);
   in.PopLimit(limit);
-  return ok;
+  return result;
 }
 
 // The status of a stream whose message could not be read.
@@ -59,24 +62,117 @@ grpc::Status Malformed(const char* what) {
                       absl::StrCat("store_bench could not read a ", what, " message"));
 }
 
-// One Watch of cache_server, read as raw bytes (see watch_wire.h): the call is made as the
-// generated stub makes it (the same method, through gRPC's callback factory), but with
+// Reads the messages of one watch, whichever client carries them: hands their events to the
+// watch's handler, and says when the watch must end.
+class WatchReader {
+ public:
+  virtual ~WatchReader() = default;
+  // The response headers have come.
+  virtual void OnHeaders() {}
+  // Reads one message, received at `now` (NowNanos()); a status when the watch must end with it.
+  virtual std::optional<grpc::Status> Read(google::protobuf::io::CodedInputStream* in,
+                                           int64_t now) = 0;
+};
+
+// A cache_server Watch's messages (v1::WatchEvent).
+class StoreWatchReader : public WatchReader {
+ public:
+  // `from_revision`: the watch asked for every change after a revision; it is synced once the
+  // server has sent its headers (it sends them as it takes the watch; every change after the
+  // revision comes, from its history if need be). Otherwise the current state comes first, and
+  // it is synced at the initial-events-end bookmark.
+  StoreWatchReader(WatchHandler* handler, bool from_revision)
+      : handler_(handler), from_revision_(from_revision) {}
+
+  void OnHeaders() override {
+    if (from_revision_) handler_->OnSynced();
+  }
+  std::optional<grpc::Status> Read(google::protobuf::io::CodedInputStream* in,
+                                   int64_t now) override {
+    bool read = ScanStoreWatchEvent(in, &facts_, [&](int type, const ObjectFacts& object) {
+      if (type == v1::WatchEvent::BOOKMARK) {
+        if (!synced_ && object.initial_events_end) {
+          synced_ = true;
+          handler_->OnSynced();
+        }
+      } else {
+        handler_->OnEvent(type == v1::WatchEvent::ADDED, object.resource_version, object, now);
+      }
+    });
+    if (!read) return Malformed("cache_server WatchEvent");
+    return std::nullopt;
+  }
+
+ private:
+  WatchHandler* const handler_;
+  const bool from_revision_;
+  ObjectFacts facts_;
+  bool synced_ = false;
+};
+
+// An etcd Watch stream's messages (etcdserverpb.WatchResponse), for a stream of one watch.
+class EtcdWatchReader : public WatchReader {
+ public:
+  explicit EtcdWatchReader(WatchHandler* handler) : handler_(handler) {}
+
+  std::optional<grpc::Status> Read(google::protobuf::io::CodedInputStream* in,
+                                   int64_t now) override {
+    bool read = ScanEtcdWatchResponse(
+        in, &response_, &facts_, [&](bool created, int64_t revision, const ObjectFacts& object) {
+          handler_->OnEvent(created, revision, object, now);
+        });
+    if (!read) return Malformed("etcd WatchResponse");
+    if (response_.created && !synced_) {
+      // etcd sends the created response before any event of the watch.
+      synced_ = true;
+      handler_->OnSynced();
+    }
+    if (response_.canceled) {
+      // The server ended the watch but keeps the stream: end it, and report why.
+      return grpc::Status(grpc::StatusCode::ABORTED,
+                          absl::StrCat("etcd canceled the watch (compact_revision ",
+                                       response_.compact_revision, "): ", response_.cancel_reason));
+    }
+    return std::nullopt;
+  }
+
+ private:
+  WatchHandler* const handler_;
+  EtcdResponseFacts response_;
+  ObjectFacts facts_;
+  bool synced_ = false;
+};
+
+// Why a watch ended from the client's side (its reader said so), when it did; set on the read
+// chain, read when the stream is done.
+class EndReason {
+ public:
+  void Set(grpc::Status status) {
+    absl::MutexLock l(&mu_);
+    reason_ = std::move(status);
+  }
+  // The reason, or else the stream's own status.
+  grpc::Status Or(const grpc::Status& status) {
+    absl::MutexLock l(&mu_);
+    return reason_.has_value() ? *reason_ : status;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::optional<grpc::Status> reason_ ABSL_GUARDED_BY(mu_);
+};
+
+// One Watch of cache_server through gRPC, read as raw bytes (see watch_wire.h): the call is made
+// as the generated stub makes it (the same method, through gRPC's callback factory), but with
 // grpc::ByteBuffer as the response type, so that gRPC hands over the message undecoded.
 class StoreWatch : public WatchStream, public grpc::ClientReadReactor<grpc::ByteBuffer> {
  public:
-  explicit StoreWatch(WatchHandler* handler) : handler_(handler) {}
+  StoreWatch(WatchHandler* handler, bool from_revision)
+      : handler_(handler), reader_(handler, from_revision) {}
 
-  // `from_revision` empty: the current state first, synced at the initial-events-end bookmark;
-  // else every change after that revision, synced once the server has sent its headers (it
-  // sends them as it takes the watch; every change after the revision comes, from its history if
-  // need be).
   void Start(grpc::Channel* channel, const grpc::internal::RpcMethod& method,
-             const v1::GroupVersionResource& resource, const std::string& from_revision,
-             bool batch_events) {
-    *request_.mutable_resource() = resource;
-    request_.set_batch_events(batch_events);
-    request_.set_resource_version(from_revision);
-    from_revision_ = !from_revision.empty();
+             const v1::WatchRequest& request) {
+    request_ = request;
     grpc::internal::ClientCallbackReaderFactory<grpc::ByteBuffer>::Create(channel, method, &ctx_,
                                                                           &request_, this);
     StartRead(&buffer_);
@@ -86,59 +182,86 @@ class StoreWatch : public WatchStream, public grpc::ClientReadReactor<grpc::Byte
   int64_t messages() const override { return messages_; }
 
   void OnReadInitialMetadataDone(bool ok) override {
-    if (ok && from_revision_) handler_->OnSynced();
+    if (ok) reader_.OnHeaders();
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) return;  // OnDone follows with the status
     int64_t now = NowNanos();
     ++messages_;
-    bool read = ScanBuffer(&buffer_, [&](google::protobuf::io::CodedInputStream* in) {
-      return ScanStoreWatchEvent(in, &facts_, [&](int type, const ObjectFacts& object) {
-        if (type == v1::WatchEvent::BOOKMARK) {
-          if (!synced_ && object.initial_events_end) {
-            synced_ = true;
-            handler_->OnSynced();
-          }
-        } else {
-          handler_->OnEvent(type == v1::WatchEvent::ADDED, object.resource_version, object, now);
-        }
-      });
-    });
+    std::optional<grpc::Status> end =
+        ScanBuffer(&buffer_, [&](auto* in) { return reader_.Read(in, now); });
     buffer_.Clear();
-    if (!read) {
-      malformed_.store(true);
+    if (end.has_value()) {
+      end_reason_.Set(*std::move(end));
       ctx_.TryCancel();
       return;
     }
     StartRead(&buffer_);
   }
-  void OnDone(const grpc::Status& status) override {
-    handler_->OnEnded(malformed_.load() ? Malformed("cache_server WatchEvent") : status);
-  }
+  void OnDone(const grpc::Status& status) override { handler_->OnEnded(end_reason_.Or(status)); }
 
  private:
   WatchHandler* const handler_;
   grpc::ClientContext ctx_;
   v1::WatchRequest request_;
-  bool from_revision_ = false;
-  std::atomic<bool> malformed_{false};
+  EndReason end_reason_;
   // Owned by the read chain.
+  StoreWatchReader reader_;
   grpc::ByteBuffer buffer_;
   int64_t messages_ = 0;
-  ObjectFacts facts_;
-  bool synced_ = false;
+};
+
+// One watch through an H2Client (see h2_client.h), of either server.
+class H2Watch : public WatchStream, public H2Client::Call {
+ public:
+  H2Watch(WatchHandler* handler, std::unique_ptr<WatchReader> reader,
+          std::shared_ptr<H2Client> client)
+      : handler_(handler), reader_(std::move(reader)), client_(std::move(client)) {}
+
+  // Calls `path` on the client's connection `slot` with `request`; `half_close`: the request
+  // stream ends after it (a server-streaming call) or stays open (a bidirectional one).
+  void Start(int slot, const std::string& path, const google::protobuf::Message& request,
+             bool half_close) {
+    id_ = client_->Start(slot, path, request.SerializeAsString(), half_close, this);
+  }
+  void Cancel() override { client_->Cancel(id_); }
+  int64_t messages() const override { return messages_; }
+
+  void OnHeaders() override { reader_->OnHeaders(); }
+  bool OnMessage(const uint8_t* data, size_t size) override {
+    int64_t now = NowNanos();
+    ++messages_;
+    google::protobuf::io::CodedInputStream in(data, static_cast<int>(size));
+    end_ = reader_->Read(&in, now);
+    return !end_.has_value();
+  }
+  void OnClosed(const grpc::Status& status) override {
+    handler_->OnEnded(end_.has_value() ? *end_ : status);
+  }
+
+ private:
+  WatchHandler* const handler_;
+  // Owned by the client's loop thread once started.
+  const std::unique_ptr<WatchReader> reader_;
+  std::optional<grpc::Status> end_;
+  int64_t messages_ = 0;
+  // The client outlives its loops' callbacks: a watch is destroyed only after its OnEnded, by the
+  // load's thread, never from a callback.
+  const std::shared_ptr<H2Client> client_;
+  uint64_t id_ = 0;
 };
 
 class StoreTarget : public Target {
  public:
   StoreTarget(std::vector<std::shared_ptr<grpc::Channel>> channels, bool watch_from_now,
-              bool batch_events)
-      : watch_from_now_(watch_from_now), batch_events_(batch_events) {
+              bool batch_events, std::shared_ptr<H2Client> watch_client)
+      : watch_from_now_(watch_from_now),
+        batch_events_(batch_events),
+        watch_client_(std::move(watch_client)) {
     for (const auto& ch : channels) {
       stubs_.push_back(v1::Store::NewStub(ch));
-      watch_methods_.emplace_back("/shardcache.v1.Store/Watch",
-                                  grpc::internal::RpcMethod::SERVER_STREAMING, ch);
+      watch_methods_.emplace_back(kStoreWatchPath, grpc::internal::RpcMethod::SERVER_STREAMING, ch);
     }
     channels_ = std::move(channels);
   }
@@ -185,10 +308,20 @@ class StoreTarget : public Target {
   }
 
   std::unique_ptr<WatchStream> Watch(int slot, int resource, WatchHandler* handler) override {
-    auto w = std::make_unique<StoreWatch>(handler);
+    v1::WatchRequest request;
+    *request.mutable_resource() = BenchResource(resource);
+    request.set_batch_events(batch_events_);
+    request.set_resource_version(watch_from_now_ ? CurrentRevision() : "");
+    bool from_revision = !request.resource_version().empty();
+    if (watch_client_ != nullptr) {
+      auto w = std::make_unique<H2Watch>(
+          handler, std::make_unique<StoreWatchReader>(handler, from_revision), watch_client_);
+      w->Start(slot, kStoreWatchPath, request, /*half_close=*/true);
+      return w;
+    }
+    auto w = std::make_unique<StoreWatch>(handler, from_revision);
     size_t i = static_cast<size_t>(slot) % channels_.size();
-    w->Start(channels_[i].get(), watch_methods_[i], BenchResource(resource),
-             watch_from_now_ ? CurrentRevision() : "", batch_events_);
+    w->Start(channels_[i].get(), watch_methods_[i], request);
     return w;
   }
 
@@ -214,6 +347,8 @@ class StoreTarget : public Target {
   std::vector<grpc::internal::RpcMethod> watch_methods_;
   const bool watch_from_now_;
   const bool batch_events_;
+  // Set: watches go through it instead of the channels.
+  const std::shared_ptr<H2Client> watch_client_;
   absl::Mutex mu_;
   std::string revision_ ABSL_GUARDED_BY(mu_);
 };
@@ -232,19 +367,17 @@ std::string PrefixEnd(std::string prefix) {
   return std::string(1, '\0');
 }
 
-// One Watch stream carrying one watch (a prefix from now), read as raw bytes (see
-// watch_wire.h and StoreWatch). The create request is the only write; the read chain runs until the
-// stream ends.
+// One etcd Watch stream through gRPC, carrying one watch (a prefix from now), read as raw bytes
+// (see watch_wire.h and StoreWatch). The create request is the only write; the read chain runs
+// until the stream ends.
 class EtcdWatch : public WatchStream,
                   public grpc::ClientBidiReactor<etcdserverpb::WatchRequest, grpc::ByteBuffer> {
  public:
-  explicit EtcdWatch(WatchHandler* handler) : handler_(handler) {}
+  explicit EtcdWatch(WatchHandler* handler) : handler_(handler), reader_(handler) {}
 
   void Start(grpc::Channel* channel, const grpc::internal::RpcMethod& method,
-             const std::string& prefix) {
-    etcdserverpb::WatchCreateRequest* create = request_.mutable_create_request();
-    create->set_key(prefix);
-    create->set_range_end(PrefixEnd(prefix));
+             const etcdserverpb::WatchRequest& request) {
+    request_ = request;
     grpc::internal::ClientCallbackReaderWriterFactory<etcdserverpb::WatchRequest,
                                                       grpc::ByteBuffer>::Create(channel, method,
                                                                                 &ctx_, this);
@@ -261,70 +394,38 @@ class EtcdWatch : public WatchStream,
     if (!ok) return;  // OnDone follows with the status
     int64_t now = NowNanos();
     ++messages_;
-    bool read = ScanBuffer(&buffer_, [&](google::protobuf::io::CodedInputStream* in) {
-      return ScanEtcdWatchResponse(in, &response_, &facts_,
-                                   [&](bool created, int64_t revision, const ObjectFacts& object) {
-                                     handler_->OnEvent(created, revision, object, now);
-                                   });
-    });
+    std::optional<grpc::Status> end =
+        ScanBuffer(&buffer_, [&](auto* in) { return reader_.Read(in, now); });
     buffer_.Clear();
-    if (!read) {
-      SetEndReason(Malformed("etcd WatchResponse"));
-      ctx_.TryCancel();
-      return;
-    }
-    if (response_.created && !synced_) {
-      // etcd sends the created response before any event of the watch.
-      synced_ = true;
-      handler_->OnSynced();
-    }
-    if (response_.canceled) {
-      // The server ended the watch but keeps the stream: end it, and report why.
-      SetEndReason(
-          grpc::Status(grpc::StatusCode::ABORTED,
-                       absl::StrCat("etcd canceled the watch (compact_revision ",
-                                    response_.compact_revision, "): ", response_.cancel_reason)));
+    if (end.has_value()) {
+      end_reason_.Set(*std::move(end));
       ctx_.TryCancel();
       return;
     }
     StartRead(&buffer_);
   }
 
-  void OnDone(const grpc::Status& status) override {
-    std::optional<grpc::Status> reason;
-    {
-      absl::MutexLock l(&mu_);
-      reason = end_reason_;
-    }
-    handler_->OnEnded(reason.has_value() ? *reason : status);
-  }
+  void OnDone(const grpc::Status& status) override { handler_->OnEnded(end_reason_.Or(status)); }
 
  private:
-  void SetEndReason(grpc::Status status) {
-    absl::MutexLock l(&mu_);
-    end_reason_ = std::move(status);
-  }
-
   WatchHandler* const handler_;
   grpc::ClientContext ctx_;
   etcdserverpb::WatchRequest request_;
+  EndReason end_reason_;
   // Owned by the read chain.
+  EtcdWatchReader reader_;
   grpc::ByteBuffer buffer_;
   int64_t messages_ = 0;
-  EtcdResponseFacts response_;
-  ObjectFacts facts_;
-  bool synced_ = false;
-  absl::Mutex mu_;
-  std::optional<grpc::Status> end_reason_ ABSL_GUARDED_BY(mu_);
 };
 
 class EtcdTarget : public Target {
  public:
-  explicit EtcdTarget(std::vector<std::shared_ptr<grpc::Channel>> channels) {
+  EtcdTarget(std::vector<std::shared_ptr<grpc::Channel>> channels,
+             std::shared_ptr<H2Client> watch_client)
+      : watch_client_(std::move(watch_client)) {
     for (const auto& ch : channels) {
       kv_.push_back(etcdserverpb::KV::NewStub(ch));
-      watch_methods_.emplace_back("/etcdserverpb.Watch/Watch",
-                                  grpc::internal::RpcMethod::BIDI_STREAMING, ch);
+      watch_methods_.emplace_back(kEtcdWatchPath, grpc::internal::RpcMethod::BIDI_STREAMING, ch);
     }
     channels_ = std::move(channels);
   }
@@ -383,9 +484,20 @@ class EtcdTarget : public Target {
   }
 
   std::unique_ptr<WatchStream> Watch(int slot, int resource, WatchHandler* handler) override {
+    etcdserverpb::WatchRequest request;
+    etcdserverpb::WatchCreateRequest* create = request.mutable_create_request();
+    create->set_key(EtcdPrefix(BenchResource(resource)));
+    create->set_range_end(PrefixEnd(create->key()));
+    if (watch_client_ != nullptr) {
+      auto w = std::make_unique<H2Watch>(handler, std::make_unique<EtcdWatchReader>(handler),
+                                         watch_client_);
+      // The stream stays open: etcd ends a Watch stream whose client has half-closed it.
+      w->Start(slot, kEtcdWatchPath, request, /*half_close=*/false);
+      return w;
+    }
     auto w = std::make_unique<EtcdWatch>(handler);
     size_t i = static_cast<size_t>(slot) % channels_.size();
-    w->Start(channels_[i].get(), watch_methods_[i], EtcdPrefix(BenchResource(resource)));
+    w->Start(channels_[i].get(), watch_methods_[i], request);
     return w;
   }
 
@@ -396,6 +508,8 @@ class EtcdTarget : public Target {
   std::vector<std::unique_ptr<etcdserverpb::KV::Stub>> kv_;
   // The Watch method of each channel, called with a raw-bytes reader (see EtcdWatch).
   std::vector<grpc::internal::RpcMethod> watch_methods_;
+  // Set: watches go through it instead of the channels.
+  const std::shared_ptr<H2Client> watch_client_;
 };
 
 }  // namespace
@@ -412,12 +526,15 @@ std::string EtcdKey(const v1::GroupVersionResource& resource, const v1::ObjectMe
 }
 
 std::unique_ptr<Target> MakeStoreTarget(std::vector<std::shared_ptr<grpc::Channel>> channels,
-                                        bool watch_from_now, bool batch_events) {
-  return std::make_unique<StoreTarget>(std::move(channels), watch_from_now, batch_events);
+                                        bool watch_from_now, bool batch_events,
+                                        std::shared_ptr<H2Client> watch_client) {
+  return std::make_unique<StoreTarget>(std::move(channels), watch_from_now, batch_events,
+                                       std::move(watch_client));
 }
 
-std::unique_ptr<Target> MakeEtcdTarget(std::vector<std::shared_ptr<grpc::Channel>> channels) {
-  return std::make_unique<EtcdTarget>(std::move(channels));
+std::unique_ptr<Target> MakeEtcdTarget(std::vector<std::shared_ptr<grpc::Channel>> channels,
+                                       std::shared_ptr<H2Client> watch_client) {
+  return std::make_unique<EtcdTarget>(std::move(channels), std::move(watch_client));
 }
 
 }  // namespace shardcache::bench

@@ -11,7 +11,8 @@
 // etcd's create is a plain Put (not the Kubernetes API server's create-if-absent Txn).
 //
 // Thread-safety: every method may be called from any thread, concurrently. Callbacks run on
-// gRPC's threads; those of one watch stream run one at a time.
+// gRPC's threads (a watch's on its H2Client's, when it goes through one); those of one watch
+// stream run one at a time.
 #ifndef SHARDCACHE_BENCH_TARGET_H_
 #define SHARDCACHE_BENCH_TARGET_H_
 
@@ -23,12 +24,14 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "bench/h2_client.h"
 #include "bench/watch_wire.h"
 #include "shardcache/v1/store.grpc.pb.h"
 
 namespace shardcache::bench {
 
-// What a watch delivers to its load. Called on gRPC's threads, one call at a time per stream.
+// What a watch delivers to its load. Called on the client's threads (gRPC's, or an H2Client's),
+// one call at a time per stream.
 // Watches read their messages' wire bytes with the scanners of watch_wire.h (the same work per
 // event for every target) and hand over only the facts the load needs.
 class WatchHandler {
@@ -98,11 +101,15 @@ class Target {
 // first watch opened, and nothing before.
 // With `batch_events`, its watches ask for batches (WatchRequest.batch_events: several events in
 // one message when the server has more than one waiting), as etcd sends them.
+// With a `watch_client`, watches go through it (watch `slot` on its connection
+// slot % connections()) instead of through gRPC; the other operations always use the channels.
 std::unique_ptr<Target> MakeStoreTarget(std::vector<std::shared_ptr<grpc::Channel>> channels,
-                                        bool watch_from_now = false, bool batch_events = false);
+                                        bool watch_from_now = false, bool batch_events = false,
+                                        std::shared_ptr<H2Client> watch_client = nullptr);
 
-// An etcd (v3 gRPC API) over `channels` (at least one).
-std::unique_ptr<Target> MakeEtcdTarget(std::vector<std::shared_ptr<grpc::Channel>> channels);
+// An etcd (v3 gRPC API) over `channels` (at least one); `watch_client` as for MakeStoreTarget.
+std::unique_ptr<Target> MakeEtcdTarget(std::vector<std::shared_ptr<grpc::Channel>> channels,
+                                       std::shared_ptr<H2Client> watch_client = nullptr);
 
 // The etcd key of an object of `resource` with metadata `meta`, and the prefix of every key of
 // `resource` (bench resource 0 by default).

@@ -233,10 +233,12 @@ void KeepUnendedStreams(bool all_done, Watchers* watchers, WatchLoadResult* r) {
 
 WatchLoadResult RunWatchLoad(const WatchLoadOptions& options,
                              const std::vector<std::shared_ptr<grpc::Channel>>& watch_channels,
-                             const std::shared_ptr<grpc::Channel>& write_channel) {
+                             const std::shared_ptr<grpc::Channel>& write_channel,
+                             std::shared_ptr<H2Client> watch_client) {
   // Streams that did not end in time point at the targets' stubs: keep them until the exit.
-  auto* watch_target =
-      MakeStoreTarget(watch_channels, /*watch_from_now=*/false, options.batch_events).release();
+  auto* watch_target = MakeStoreTarget(watch_channels, /*watch_from_now=*/false,
+                                       options.batch_events, std::move(watch_client))
+                           .release();
   auto* write_target = MakeStoreTarget({write_channel}).release();
   WatchLoadResult r = RunWatchLoad(options, watch_target, write_target);
   if (r.streams_ended) {

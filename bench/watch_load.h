@@ -125,10 +125,12 @@ struct WatchLoadResult {
 WatchLoadResult RunWatchLoad(const WatchLoadOptions& options, Target* watch_target,
                              Target* write_target);
 
-// The same against the cache_server that the channels lead to.
+// The same against the cache_server that the channels lead to; with a `watch_client`, the
+// watchers read through it instead of through watch_channels.
 WatchLoadResult RunWatchLoad(const WatchLoadOptions& options,
                              const std::vector<std::shared_ptr<grpc::Channel>>& watch_channels,
-                             const std::shared_ptr<grpc::Channel>& write_channel);
+                             const std::shared_ptr<grpc::Channel>& write_channel,
+                             std::shared_ptr<H2Client> watch_client = nullptr);
 
 }  // namespace shardcache::bench
 

@@ -19,7 +19,7 @@ case "${1:-}" in
   "")
     packages+=(
       ccache clang-format git openssl
-      libgtest-dev libgmock-dev
+      libgtest-dev libgmock-dev libnghttp2-dev
       python3 python3-grpcio python3-protobuf procps prometheus
       clang libclang-rt-14-dev llvm
     )
