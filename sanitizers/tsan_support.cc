@@ -60,18 +60,24 @@ void Release(const void* p) { __tsan_release(const_cast<void*>(p)); }
 
 // A condition that is evaluated inside the mutex: abseil evaluates a waiter's condition while
 // holding the mutex, in the waiter's thread or in the one that unlocks, and may release the mutex
-// again (inside the library) when the condition is false.
+// again (inside the library) when the condition is false. The waiter builds the wrapper on its
+// stack and hands it over inside the library: Wrap releases the wrapper's own fields, which Eval
+// acquires before reading them on whichever thread evaluates it.
 struct AcquiringCondition {
   const absl::Mutex* mu;
   const absl::Condition* cond;
   static bool Eval(void* arg) {
     auto* self = static_cast<AcquiringCondition*>(arg);
+    Acquire(self);
     Acquire(self->mu);
     const bool r = self->cond->Eval();
     Release(self->mu);
     return r;
   }
-  absl::Condition Wrap() { return absl::Condition(&AcquiringCondition::Eval, this); }
+  absl::Condition Wrap() {
+    Release(this);
+    return absl::Condition(&AcquiringCondition::Eval, this);
+  }
 };
 
 }  // namespace
