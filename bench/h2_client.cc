@@ -105,6 +105,15 @@ struct CallState {
   }
 };
 
+namespace {
+
+// The call of stream `stream_id`, or null (not ours, or over).
+CallState* CallOf(nghttp2_session* session, int32_t stream_id) {
+  return static_cast<CallState*>(nghttp2_session_get_stream_user_data(session, stream_id));
+}
+
+}  // namespace
+
 class H2Client::Loop {
  public:
   Loop() : epoll_(epoll_create1(EPOLL_CLOEXEC)), wake_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
@@ -366,9 +375,9 @@ void H2Client::Connection::Receive(CallState* call, const uint8_t* data, size_t 
   while (size > 0 && !call->cancelled) {
     if (call->partial.empty() && size >= kPrefixBytes) {
       // The common case: whole messages in one chunk, read where they lie.
+      // (A message over the bound goes the other way, which reports it.)
       uint32_t length = MessageLength(data);
-      if (length > kMaxMessageBytes) break;  // reported below, through `partial`
-      if (size - kPrefixBytes >= length) {
+      if (length <= kMaxMessageBytes && size - kPrefixBytes >= length) {
         Deliver(call, data + kPrefixBytes, length, data[0] != 0);
         data += kPrefixBytes + length;
         size -= kPrefixBytes + length;
@@ -400,13 +409,6 @@ void H2Client::Connection::Receive(CallState* call, const uint8_t* data, size_t 
     Deliver(call, reinterpret_cast<const uint8_t*>(partial.data()) + kPrefixBytes, length,
             partial[0] != 0);
     partial.clear();
-  }
-  if (size > 0 && !call->cancelled) {
-    // Only a message longer than the bound leaves bytes here.
-    call->broke = true;
-    call->why = absl::StrCat("a response message of ", MessageLength(data), " bytes (more than ",
-                             kMaxMessageBytes, ")");
-    Reset(call);
   }
 }
 
@@ -454,8 +456,7 @@ int H2Client::Connection::OnHeader(nghttp2_session* session, const nghttp2_frame
                                    const uint8_t* name, size_t namelen, const uint8_t* value,
                                    size_t valuelen, uint8_t /*flags*/, void* /*user_data*/) {
   if (frame->hd.type != NGHTTP2_HEADERS) return 0;
-  auto* call =
-      static_cast<CallState*>(nghttp2_session_get_stream_user_data(session, frame->hd.stream_id));
+  auto* call = CallOf(session, frame->hd.stream_id);
   if (call == nullptr) return 0;
   absl::string_view n(reinterpret_cast<const char*>(name), namelen);
   absl::string_view v(reinterpret_cast<const char*>(value), valuelen);
@@ -479,8 +480,7 @@ int H2Client::Connection::OnHeader(nghttp2_session* session, const nghttp2_frame
 int H2Client::Connection::OnFrameRecv(nghttp2_session* session, const nghttp2_frame* frame,
                                       void* /*user_data*/) {
   if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA) return 0;
-  auto* call =
-      static_cast<CallState*>(nghttp2_session_get_stream_user_data(session, frame->hd.stream_id));
+  auto* call = CallOf(session, frame->hd.stream_id);
   if (call == nullptr) return 0;
   bool end = (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
   // The response headers (a trailers-only response carries the status alone).
@@ -499,7 +499,7 @@ int H2Client::Connection::OnFrameRecv(nghttp2_session* session, const nghttp2_fr
 int H2Client::Connection::OnDataChunk(nghttp2_session* session, uint8_t /*flags*/,
                                       int32_t stream_id, const uint8_t* data, size_t len,
                                       void* user_data) {
-  auto* call = static_cast<CallState*>(nghttp2_session_get_stream_user_data(session, stream_id));
+  auto* call = CallOf(session, stream_id);
   if (call != nullptr) static_cast<Connection*>(user_data)->Receive(call, data, len);
   return 0;
 }
@@ -507,7 +507,7 @@ int H2Client::Connection::OnDataChunk(nghttp2_session* session, uint8_t /*flags*
 int H2Client::Connection::OnStreamClose(nghttp2_session* session, int32_t stream_id,
                                         uint32_t error_code, void* user_data) {
   auto* self = static_cast<Connection*>(user_data);
-  auto* state = static_cast<CallState*>(nghttp2_session_get_stream_user_data(session, stream_id));
+  auto* state = CallOf(session, stream_id);
   if (state == nullptr) return 0;
   auto it = self->calls_.find(state->id);
   if (it == self->calls_.end()) return 0;

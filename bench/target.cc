@@ -162,6 +162,20 @@ class EndReason {
   std::optional<grpc::Status> reason_ ABSL_GUARDED_BY(mu_);
 };
 
+// Reads the message in `buffer`, just received through gRPC, with `reader`. When the watch must
+// end, records why and cancels the call; returns whether to read on.
+bool ReadMessage(grpc::ByteBuffer* buffer, WatchReader* reader, EndReason* end_reason,
+                 grpc::ClientContext* ctx) {
+  int64_t now = NowNanos();
+  std::optional<grpc::Status> end =
+      ScanBuffer(buffer, [&](auto* in) { return reader->Read(in, now); });
+  buffer->Clear();
+  if (!end.has_value()) return true;
+  end_reason->Set(*std::move(end));
+  ctx->TryCancel();
+  return false;
+}
+
 // One Watch of cache_server through gRPC, read as raw bytes (see watch_wire.h): the call is made
 // as the generated stub makes it (the same method, through gRPC's callback factory), but with
 // grpc::ByteBuffer as the response type, so that gRPC hands over the message undecoded.
@@ -187,17 +201,8 @@ class StoreWatch : public WatchStream, public grpc::ClientReadReactor<grpc::Byte
 
   void OnReadDone(bool ok) override {
     if (!ok) return;  // OnDone follows with the status
-    int64_t now = NowNanos();
     ++messages_;
-    std::optional<grpc::Status> end =
-        ScanBuffer(&buffer_, [&](auto* in) { return reader_.Read(in, now); });
-    buffer_.Clear();
-    if (end.has_value()) {
-      end_reason_.Set(*std::move(end));
-      ctx_.TryCancel();
-      return;
-    }
-    StartRead(&buffer_);
+    if (ReadMessage(&buffer_, &reader_, &end_reason_, &ctx_)) StartRead(&buffer_);
   }
   void OnDone(const grpc::Status& status) override { handler_->OnEnded(end_reason_.Or(status)); }
 
@@ -392,17 +397,8 @@ class EtcdWatch : public WatchStream,
 
   void OnReadDone(bool ok) override {
     if (!ok) return;  // OnDone follows with the status
-    int64_t now = NowNanos();
     ++messages_;
-    std::optional<grpc::Status> end =
-        ScanBuffer(&buffer_, [&](auto* in) { return reader_.Read(in, now); });
-    buffer_.Clear();
-    if (end.has_value()) {
-      end_reason_.Set(*std::move(end));
-      ctx_.TryCancel();
-      return;
-    }
-    StartRead(&buffer_);
+    if (ReadMessage(&buffer_, &reader_, &end_reason_, &ctx_)) StartRead(&buffer_);
   }
 
   void OnDone(const grpc::Status& status) override { handler_->OnEnded(end_reason_.Or(status)); }
