@@ -50,6 +50,14 @@ run_ctest() {
       echo "==== $f" >&2
       cat "$f" >&2
     done
+    # Again, short, at the end, where a CI summary that keeps only the output's tail shows it:
+    # each report's text with the top frames of each of its stacks (lines cut at 200 characters).
+    for f in "$reports"/*; do
+      echo "==== $f, top frames" >&2
+      awk '/^ *#[0-9]+ / { if (frames++ < 6) { print substr($0, 1, 200); shown++ } }
+           !/^ *#[0-9]+ / { frames = 0; print; shown++ }
+           shown >= 60 { exit }' "$f" >&2
+    done
     echo "check.sh: sanitizer reports in $reports" >&2
     status=1
   fi
