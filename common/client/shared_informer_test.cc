@@ -311,6 +311,13 @@ TEST_F(SharedInformerTest, NotFound_StopsTheInformer_TellsItsUsers_AndRefusesHan
   ASSERT_TRUE(Eventually([&] { return informer->IsStopped(); }, "informer->IsStopped()"));
   EXPECT_THAT(informer->StopReason(),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("no longer served")));
+  // The subscribers are told on the reflector's thread, just after IsStopped() turns true.
+  ASSERT_TRUE(Eventually(
+      [&] {
+        absl::MutexLock l(&mu);
+        return !told.empty();
+      },
+      "an OnStopped callback was called"));
   {
     absl::MutexLock l(&mu);
     ASSERT_EQ(told.size(), 1u);
@@ -461,6 +468,14 @@ TEST_F(SharedInformerTest, RemoveEventHandler_FromInsideItsOwnHandler_ReturnsAtO
   ASSERT_THAT(sentinel_reg, IsOk());
   Put("remove-me");
   Put("after");
+  // Each registration has its own delivery thread: the sentinel may see "after" before the
+  // handler has seen "remove-me".
+  ASSERT_TRUE(Eventually(
+      [&] {
+        absl::MutexLock l(&mu);
+        return removal.code() != absl::StatusCode::kUnknown;
+      },
+      "the handler removed itself"));
   ASSERT_TRUE(
       Eventually([&] { return sentinel->Saw("ADD after"); }, "sentinel->Saw(\"ADD after\")"));
   absl::MutexLock l(&mu);
