@@ -52,9 +52,11 @@ void WatchReactor::Begin() {
 void WatchReactor::Reject(const grpc::Status& status) {
   {
     absl::MutexLock l(&mu_);
+    // The initial events of a watcher that could not be registered are not sent.
+    ClearLocked();
     RequestFinishLocked(status);
   }
-  // Nothing is queued (the watcher was not registered): Begin sends the Finish.
+  // Nothing is queued: Begin sends the Finish.
   Begin();
 }
 
@@ -178,7 +180,7 @@ void WatchReactor::OnDone(bool /*ok*/) {
       ClearLocked();
       RequestFinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled"));
     }
-    a = started_ ? NextLocked() : Action::kNone;
+    a = NextLocked();
   }
   Act(a);
   Unref();
@@ -242,7 +244,7 @@ void WatchReactor::CheckStalledLocked(absl::Time now) {
 }
 
 WatchReactor::Action WatchReactor::NextLocked() {
-  if (writing_ || finished_) return Action::kNone;
+  if (!started_ || writing_ || finished_) return Action::kNone;
   if (initial_.empty() && live_.empty()) {
     if (!finish_requested_) return Action::kNone;
     finished_ = true;

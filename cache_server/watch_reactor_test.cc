@@ -411,6 +411,27 @@ TEST_F(WatchReactorTest, AWatchThatCannotStartIsRejectedAndNotRegistered) {
   EXPECT_EQ(server_->watch_cache().watcher_count(), 0u);
 }
 
+TEST_F(WatchReactorTest, AWatchThatCannotBeRegistered_GetsOnlyItsError) {
+  Start();
+  Create(Widget("w0"));
+  Create(Widget("w1"));
+  // The store initializes the watcher (with the two objects) before the cache, shutting down,
+  // refuses to register it: none of them is sent.
+  EXPECT_EQ(server_->watch_cache().Shutdown(absl::Seconds(1)), 0u);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  std::unique_ptr<grpc::ClientReader<v1::WatchEvent>> reader =
+      server_->stub()->Watch(&ctx, WatchReq(Widgets()));
+  v1::WatchEvent event;
+  int received = 0;
+  while (reader->Read(&event)) ++received;
+  grpc::Status status = reader->Finish();
+  EXPECT_EQ(received, 0);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("server shutting down"));
+  EXPECT_EQ(server_->watch_cache().watcher_count(), 0u);
+}
+
 TEST_F(WatchReactorTest, ShutdownEndsWatchesUnavailable) {
   Start();
   WatchReader reader(server_->stub(), WatchReq(Widgets()));
