@@ -117,6 +117,9 @@ TEST_F(ReflectorLivenessTest, SilentWatch_IsCancelledAfterTheIdleTimeout_AndResu
   std::shared_ptr<ScriptedStream> first = lw_->stream(0);
   EXPECT_EQ(first->from(), "5");
   const absl::Time opened = clock_.Now();
+  // The watchdog, woken by the new stream, waits on the clock again with the stream's deadline:
+  // until then it is still counted among the clock's waiters with its old, endless one.
+  ASSERT_TRUE(WaitFor([&] { return clock_.NextDeadline() == opened + absl::Seconds(15); }));
 
   // A bookmark 10 s in restarts the timer: the watch is alive until 15 s after it.
   clock_.Advance(absl::Seconds(10));
@@ -141,6 +144,9 @@ TEST_F(ReflectorLivenessTest, SilentWatch_IsCancelledAfterTheIdleTimeout_AndResu
   // After its backoff delay (1 s on the clock) it watches again from the bookmark's revision,
   // without listing again.
   ASSERT_TRUE(WaitFor([&] { return reflector_->backoff_waits() == 1; }));
+  // The backoff waits on the clock once it has read the time (the watchdog's wait is endless).
+  ASSERT_TRUE(WaitFor([&] { return clock_.NextDeadline() != absl::InfiniteFuture(); }));
+  EXPECT_EQ(clock_.NextDeadline() - clock_.Now(), absl::Seconds(1));
   clock_.Advance(absl::Seconds(1));
   ASSERT_TRUE(WaitFor([&] { return lw_->streams() == 2; }));
   EXPECT_EQ(lw_->stream(1)->from(), "7");
