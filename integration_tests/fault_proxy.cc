@@ -375,14 +375,19 @@ void FaultProxy::Relay(Conn* conn) {
     }
     if (poll(p, 2, kPollMillis) <= 0) continue;
 
+    // Reads and writes happen under the lock, unless the mode changed since the poll: a switch
+    // applies to every byte sent after it returns, and to everything read after it too (a server
+    // side that ends once a black hole has begun is the partition's, dealt with at the heal). The
+    // sockets do not block here: poll said they were ready, and every call is non-blocking.
+    absl::MutexLock l(&mu_);
+    if (!FlowingLocked(*conn)) continue;
     bool failed = false;
     if (p[0].revents & (POLLIN | POLLHUP | POLLERR)) {
-      ssize_t n = recv(client, buf, sizeof(buf), 0);
+      ssize_t n = recv(client, buf, sizeof(buf), MSG_DONTWAIT);
       if (n > 0 && orphaned) {
         reset = true;  // what a real peer that forgot the connection answers
         break;
       } else if (n > 0) {
-        absl::MutexLock l(&mu_);
         conn->to_server.push_back(
             {absl::Now() + DelayLocked(), std::string(buf, static_cast<size_t>(n))});
       } else if (n == 0) {
@@ -392,9 +397,8 @@ void FaultProxy::Relay(Conn* conn) {
       }
     }
     if (!failed && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) {
-      ssize_t n = recv(server, buf, sizeof(buf), 0);
+      ssize_t n = recv(server, buf, sizeof(buf), MSG_DONTWAIT);
       if (n > 0) {
-        absl::MutexLock l(&mu_);
         conn->to_client.push_back(
             {absl::Now() + DelayLocked(), std::string(buf, static_cast<size_t>(n))});
         if (recording_ && conn->recorded.size() < kMaxRecorded) {
@@ -410,10 +414,6 @@ void FaultProxy::Relay(Conn* conn) {
       reset = true;
       break;
     }
-    // Writes (non-blocking, so they may be done under the lock), unless the mode changed since
-    // the poll: a switch applies to every byte sent after it returns.
-    absl::MutexLock l(&mu_);
-    if (!FlowingLocked(*conn)) continue;
     if (server >= 0 && (p[1].revents & POLLOUT) && !conn->to_server.empty()) {
       std::string& bytes = conn->to_server.front().bytes;
       ssize_t n = send(server, bytes.data(), bytes.size(), MSG_NOSIGNAL);

@@ -108,8 +108,16 @@ TEST_F(FaultProxyTest, CutResetsEveryConnectionUntilHealed) {
 
   proxy_->Heal();
   ASSERT_NO_FATAL_FAILURE(CreateDirect("t1"));
-  EXPECT_TRUE(WaitFor([&] { return GetThrough(proxied_.get(), "t1", absl::Seconds(1)).ok(); },
-                      absl::Seconds(10)));
+  grpc::Status healed;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        healed = GetThrough(proxied_.get(), "t1", absl::Seconds(1));
+        return healed.ok();
+      },
+      absl::Seconds(10)))
+      << "the last call through the healed proxy: " << healed.error_code() << " "
+      << healed.error_message() << "; connections accepted " << proxy_->connections_accepted()
+      << ", reset " << proxy_->connections_reset();
 }
 
 // ResetAll ends the connections open now, and only those.
