@@ -52,9 +52,11 @@ class FaultProxyTest : public StoreFixture {
   // A fresh channel through the proxy (a new connection).
   void Connect() {
     grpc::ChannelArguments args;
-    // Reconnect at once after a reset, so that a healed proxy is used without gRPC's backoff.
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
+    // Reconnect soon after a reset, so that a healed proxy is used without gRPC's long backoff.
+    // (Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC gives each connection attempt that long at
+    // least, and 100 ms is too short for a handshake through the proxy on a busy machine; the
+    // attempts would then all time out.)
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 200);
     proxied_channel_ =
         grpc::CreateCustomChannel(proxy_->address(), grpc::InsecureChannelCredentials(), args);
