@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "common/http_server.h"
 
 namespace shardcache::bench {
 namespace {
@@ -552,14 +553,10 @@ absl::StatusOr<std::unique_ptr<H2Client>> H2Client::Connect(const std::string& a
   if (connections < 1 || threads < 1) {
     return absl::InvalidArgumentError("H2Client: want at least one connection and one thread");
   }
-  size_t colon = address.rfind(':');
-  if (colon == std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat("H2Client: not host:port: ", address));
-  }
-  std::string host = address.substr(0, colon), port = address.substr(colon + 1);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
+  absl::StatusOr<std::pair<std::string, int>> host_port = SplitHostPort("H2Client", address);
+  if (!host_port.ok()) return host_port.status();
+  const std::string& host = host_port->first;
+  const std::string port = std::to_string(host_port->second);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
