@@ -1021,7 +1021,6 @@ def main(argv=None):
         sys.stderr.write("%s\nTry 'grpcurl_lite.py -help' for more details.\n" % e)
         return 2
 
-    deadline = time.monotonic() + max_time if max_time is not None else None
     work_dir = flags.get("work-dir")
     temp_dir = None
     if work_dir is None:
@@ -1029,6 +1028,9 @@ def main(argv=None):
     client = None
     try:
         reflection_modules(work_dir, flags.get("grpc-proto-dir", DEFAULT_GRPC_PROTO_DIR))
+        # -max-time bounds what grpcurl does (connect, reflection, the call); grpcurl has the
+        # reflection client built in, so compiling it here is not part of that time.
+        deadline = time.monotonic() + max_time if max_time is not None else None
         client = Client(address, plaintext=bool(flags.get("plaintext")), work_dir=work_dir,
                         metadata=metadata, deadline=deadline, connect_timeout=connect_timeout,
                         tls=(flags.get("cacert"), flags.get("cert"), flags.get("key")))
