@@ -1,9 +1,12 @@
 #include "common/testing/server_process.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -44,6 +47,7 @@ ServerProcess::~ServerProcess() {
     std::cerr << "--- " << binary_ << " log (" << dir_ << "/stderr.log) ---\n" << log << "---\n";
   }
   if (pid_ > 0) Stop(absl::Seconds(5));
+  ReleasePort();
   // Keep the directory (data and log) of a failed test for a look; remove the others.
   if (!::testing::Test::HasFailure() && !dir_.empty()) {
     std::error_code ignored;
@@ -82,6 +86,7 @@ absl::Status ServerProcess::StartOnce(absl::Time deadline) {
   if (!has_data_dir && is_cache_server) argv.push_back("--data-dir=" + data_dir());
   argv.insert(argv.end(), args_.begin(), args_.end());
   std::string log_path = dir_ + "/stderr.log";
+  ReleasePort();
   pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
   if (pid == 0) {
@@ -116,6 +121,7 @@ absl::Status ServerProcess::StartOnce(absl::Time deadline) {
     int status = 0;
     if (waitpid(pid_, &status, WNOHANG) == pid_) {
       pid_ = -1;
+      HoldPort();
       return absl::InternalError(
           absl::StrCat(binary_, " exited during start-up (status ", status, "): ", Log()));
     }
@@ -124,6 +130,32 @@ absl::Status ServerProcess::StartOnce(absl::Time deadline) {
   Signal(SIGKILL);
   Wait(absl::Seconds(5));
   return absl::DeadlineExceededError(absl::StrCat(binary_, " did not report its ports: ", Log()));
+}
+
+void ServerProcess::HoldPort() {
+  if (grpc_port_ <= 0 || port_hold_ >= 0) return;
+  // Close-on-exec: the servers this test starts later must not inherit it.
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  // SO_REUSEADDR, as the server's own socket: the port may still have connections of the
+  // stopped process in TIME_WAIT.
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(grpc_port_));
+  if (bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);  // Taken already: Start tries again until it is free.
+    return;
+  }
+  port_hold_ = fd;
+}
+
+void ServerProcess::ReleasePort() {
+  if (port_hold_ < 0) return;
+  close(port_hold_);
+  port_hold_ = -1;
 }
 
 bool ServerProcess::IsCacheServer() const {
@@ -164,6 +196,7 @@ int ServerProcess::Wait(absl::Duration timeout) {
     pid_t r = waitpid(pid_, &status, WNOHANG);
     if (r == pid_) {
       pid_ = -1;
+      HoldPort();
       return status;
     }
     if (absl::Now() >= deadline) return -1;

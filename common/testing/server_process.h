@@ -46,6 +46,12 @@ class ServerProcess {
   // Starts the process and waits until it has written its port file (grpc_port= and http_port=
   // for cache_server, http_port= for other binaries). A restarted cache_server gets the gRPC
   // port it had; when that is taken for a moment, the start is tried again for up to 10 s.
+  //
+  // While a cache_server is down between a stop and a restart, its gRPC port stays reserved for
+  // it: this object keeps a socket bound to the port (without listening, so that a call to it is
+  // refused as to a stopped server). The kernel gives a port that has a bound socket neither to a
+  // bind to port 0 nor to an outgoing connection, so a server of another test cannot get the port
+  // meanwhile, and the clients of this test, which keep calling the address, cannot reach it.
   absl::Status Start(absl::Duration timeout = absl::Seconds(30));
   // Sends SIGTERM and waits for exit; returns the exit status as from waitpid (or -1 on
   // timeout, after which the process was killed with SIGKILL).
@@ -76,6 +82,10 @@ class ServerProcess {
   absl::Status StartOnce(absl::Time deadline);
   // Whether binary_ is a cache_server (gets --listen and --data-dir, reports a gRPC port).
   bool IsCacheServer() const;
+  // Once the process has exited: binds port_hold_ to the gRPC port (see Start).
+  void HoldPort();
+  // Closes port_hold_, so that the process can listen on the port again.
+  void ReleasePort();
 
   std::string binary_;
   std::vector<std::string> args_;
@@ -83,6 +93,8 @@ class ServerProcess {
   pid_t pid_ = -1;
   int grpc_port_ = 0;
   int http_port_ = 0;
+  // A socket bound to grpc_port_ while the process is down, or -1.
+  int port_hold_ = -1;
 };
 
 // A minimal HTTP GET against 127.0.0.1:port; returns "<status code>\n<body>" or an error.
