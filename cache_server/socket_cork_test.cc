@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "cache_server/testing/in_process_server.h"
 #include "common/testing/wait.h"
 #include "shardcache/v1/store.grpc.pb.h"
@@ -160,11 +161,16 @@ TEST(SocketCorkTest, SmallWritesWaitForTheReleaseAndLeaveTogether) {
   TcpPair pair;
   SocketCork::Scope scope;
   SocketCork::Hold(pair.server);
+  const absl::Time sent = absl::Now();
   for (const char* part : {"one ", "two ", "three"}) {
     ASSERT_EQ(send(pair.server, part, strlen(part), 0), static_cast<ssize_t>(strlen(part)));
   }
-  // Corked, the kernel keeps partial segments for up to 200 ms.
-  EXPECT_EQ(ReadSome(pair.client, 50), "");
+  // Corked, the kernel keeps partial segments for up to 200 ms (unless this thread was held up
+  // for most of that).
+  std::string early = ReadSome(pair.client, 50);
+  if (absl::Now() - sent < absl::Milliseconds(150)) {
+    EXPECT_EQ(early, "");
+  }
   SocketCork::Release();
   std::string got;
   while (got.size() < strlen("one two three")) {
@@ -311,10 +317,12 @@ TEST(SocketCorkTest, OneEventToManyStreamsOfAConnectionLeavesInFewSegments) {
   EXPECT_TRUE(uncorked);
   // Each event's pass corked the connection.
   EXPECT_GE(SocketCork::corks() - corks_before, kEvents);
-  // Corked, each event's pass sends one segment and each Create's answer one or two (about 60
-  // in all here). Uncorked, most of the kWatchers * kEvents messages go in segments of their
-  // own (240 to 500 here).
-  EXPECT_LE(segments, kEvents * 4);
+  // Corked, each cork sends one segment at its release, and each Create's answer one or two
+  // (about 60 in all here). A pass that a busy machine (or a sanitizer) stretches past
+  // SocketCork::kMaxHold releases and corks again, one more segment for each such cork. Uncorked,
+  // most of the kWatchers * kEvents messages go in segments of their own (240 to 500 here).
+  const int64_t corks = SocketCork::corks() - corks_before;
+  EXPECT_LE(segments, corks + 2 * kEvents + 10) << corks << " corks";
 }
 
 }  // namespace
