@@ -172,7 +172,8 @@ TEST_F(ServerLifecycleTest, Sigterm_WithOpenWatchesAndWriteStream_DrainsAndExits
   if (!exited) exit_status = server_->Wait(kDrain + absl::Seconds(10));
   absl::Duration took = absl::Now() - sigterm;
   EXPECT_TRUE(IsExitCode(exit_status, 0)) << DescribeWaitStatus(exit_status);
-  EXPECT_LT(took, kDrain + absl::Seconds(2)) << "the drain took longer than --drain-timeout";
+  // Beyond the drain, the rest of the shutdown (gRPC, the store's close) on a busy machine.
+  EXPECT_LT(took, kDrain + absl::Seconds(4)) << "the drain took longer than --drain-timeout";
 
   // The open Write stream was ended by the server, not left hanging.
   EXPECT_FALSE(writes->Read(&answer));
@@ -414,7 +415,7 @@ TEST_F(ServerLifecycleTest, Sigterm_WhileClientsComeAndGo_ExitsAtOnce) {
   EXPECT_TRUE(IsExitCode(exit_status, 0)) << DescribeWaitStatus(exit_status) << server_->Log();
   // Generous for a loaded machine; the drain timeout and the bookmark interval are 60 s, and an
   // idle gRPC client acknowledges a GOAWAY only at its next poll, up to 5 s later.
-  EXPECT_LT(took, absl::Seconds(2)) << server_->Log();
+  EXPECT_LT(took, absl::Seconds(4)) << server_->Log();
 }
 
 }  // namespace

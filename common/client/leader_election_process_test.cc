@@ -39,8 +39,9 @@ constexpr absl::Duration kLease = absl::Seconds(2);
 constexpr absl::Duration kRenew = absl::Milliseconds(1500);
 constexpr absl::Duration kRetry = absl::Milliseconds(300);
 constexpr absl::Duration kCallTimeout = absl::Milliseconds(500);
-// Allowance for scheduling and RPC latency on a busy two-core machine.
-constexpr absl::Duration kSlack = absl::Milliseconds(400);
+// Allowance for scheduling and RPC latency (a Get and an Update with fsync) on a busy two-core
+// machine. A release is still seen well within the lease (kRetry + kSlack < kLease).
+constexpr absl::Duration kSlack = absl::Seconds(1);
 
 absl::Duration Since(Steady::time_point from, Steady::time_point to) {
   return absl::FromChrono(to - from);
@@ -350,7 +351,8 @@ TEST_F(LeaderElectionProcessTest, LeaderThatLosesTheStore_StopsByItsRenewDeadlin
   TermLog::Term old = log_.Terms()[before - 1];
   ASSERT_TRUE(old.end.has_value());
   absl::Duration stopped_after = Since(frozen, *old.end);
-  EXPECT_LE(stopped_after, kRenew + absl::Milliseconds(200)) << stopped_after;
+  // By its renew deadline, and before its lease (kLease) could have expired for the others.
+  EXPECT_LE(stopped_after, kRenew + absl::Milliseconds(400)) << stopped_after;
   EXPECT_GE(stopped_after, kRenew - kRetry - kCallTimeout) << stopped_after;
   EXPECT_EQ(log_.Size(), before) << "nobody can acquire from a frozen store";
   std::cout << "the leader stopped leading " << stopped_after << " after the store froze\n";
