@@ -63,6 +63,16 @@ TEST_F(ReplicationTest, StatusWrittenOnlyWhenItChanges) {
   const std::vector<std::string> kUpdateStatus = {"method=\"UpdateStatus\""};
   const char* kReconciles = "shardcache_replicator_reconcile_duration_seconds_count";
   const std::vector<std::string> kCcrs = {"controller=\"clustercachedresources\""};
+  // Ready can be written while the cache has not yet acknowledged the last copy (Synced False,
+  // Pending); the status changes once more when it has. Count from there.
+  auto synced = [&] {
+    return WaitForCcr(
+        "widgets",
+        [](const v1::Object& ccr) { return FindCondition(ccr, "Synced").status == "True"; },
+        "Synced=True");
+  };
+  ASSERT_TRUE(synced());
+  ASSERT_TRUE(WaitForCcrCopy("widgets"));
   double status_writes = Metric(shard_http, kRequests, kUpdateStatus);
   ASSERT_GT(status_writes, 0);
   // Five reconciles, each of which would have written an unchanged status (a reconcile is
@@ -83,6 +93,7 @@ TEST_F(ReplicationTest, StatusWrittenOnlyWhenItChanges) {
 
   ASSERT_TRUE(CreateIn(shard(), WidgetsGvr(), Widget("w4")).ok());
   EXPECT_TRUE(WaitForReady("widgets", 4));
+  EXPECT_TRUE(synced());
   // The CCR's copy in the cache is written from the replicator's informer: once it equals the
   // CCR, that informer has seen the status just written, and a reconcile no longer compares
   // against (and writes over) the status before it.
