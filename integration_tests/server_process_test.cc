@@ -38,13 +38,14 @@ sockaddr_in Loopback(int port) {
 #define IP_LOCAL_PORT_RANGE 51
 #endif
 
-// errno of a bind to 127.0.0.1:port by a socket without SO_REUSEADDR; 0 if it bound.
-int BindError(int port) {
+// errno of `op` (bind or connect) on 127.0.0.1:port by a new socket without SO_REUSEADDR; 0 if
+// it succeeded.
+int Error(int (*op)(int, const sockaddr*, socklen_t), int port) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return errno;
   sockaddr_in addr = Loopback(port);
   int err = 0;
-  if (bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) err = errno;
+  if (op(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) err = errno;
   close(fd);
   return err;
 }
@@ -75,21 +76,10 @@ int PortZeroBindError(int port) {
 
 // Checks that no other socket can get `port`: neither by binding it nor by binding port 0.
 void ExpectTaken(int port) {
-  EXPECT_EQ(BindError(port), EADDRINUSE) << "another socket could bind the port";
+  EXPECT_EQ(Error(bind, port), EADDRINUSE) << "another socket could bind the port";
   int err = PortZeroBindError(port);
   if (err == ENOPROTOOPT) return;  // A kernel before 6.3: only the check above.
   EXPECT_EQ(err, EADDRINUSE) << "a bind to port 0 could get the port: " << strerror(err);
-}
-
-// errno of a connection to 127.0.0.1:port; 0 if it connected.
-int ConnectError(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return errno;
-  sockaddr_in addr = Loopback(port);
-  int err = 0;
-  if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) err = errno;
-  close(fd);
-  return err;
 }
 
 // Whether the server at `address` answers a List.
@@ -124,7 +114,7 @@ TEST(ServerProcessTest, StoppedServersPort_StaysReservedForIt_UntilItStartsAgain
       ASSERT_NE(server.Wait(absl::Seconds(10)), -1);
     }
     ExpectTaken(port);
-    EXPECT_EQ(ConnectError(port), ECONNREFUSED) << "a call to the stopped server was not refused";
+    EXPECT_EQ(Error(connect, port), ECONNREFUSED) << "a call to the stopped server was not refused";
 
     ASSERT_TRUE(server.Start().ok());
     EXPECT_EQ(server.grpc_port(), port);
@@ -145,7 +135,7 @@ TEST(ServerProcessTest, PortIsFreeOnceTheServerProcessIsGone) {
     ASSERT_NE(server.Stop(), -1);
     ExpectTaken(port);
   }
-  EXPECT_EQ(BindError(port), 0);
+  EXPECT_EQ(Error(bind, port), 0);
   int err = PortZeroBindError(port);
   if (err != ENOPROTOOPT) {
     EXPECT_EQ(err, 0) << strerror(err);

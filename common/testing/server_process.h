@@ -50,8 +50,8 @@ class ServerProcess {
   // While a cache_server is down between a stop and a restart, its gRPC port stays reserved for
   // it: this object keeps a socket bound to the port (without listening, so that a call to it is
   // refused as to a stopped server). The kernel gives a port that has a bound socket neither to a
-  // bind to port 0 nor to an outgoing connection, so a server of another test cannot get the port
-  // meanwhile, and the clients of this test, which keep calling the address, cannot reach it.
+  // bind to port 0 nor to an outgoing connection, so no server of another test gets the port
+  // meanwhile, and the clients of this test, which keep calling the address, never reach one.
   absl::Status Start(absl::Duration timeout = absl::Seconds(30));
   // Sends SIGTERM and waits for exit; returns the exit status as from waitpid (or -1 on
   // timeout, after which the process was killed with SIGKILL).
