@@ -17,6 +17,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/testing/server_process.h"
 #include "integration_tests/store_fixture.h"
 #include "integration_tests/watch_reader.h"
 
@@ -173,10 +174,7 @@ TEST_F(FaultProxyTest, BlackHoleStallsSilentlyAndHealResumes) {
 TEST_F(FaultProxyTest, ServerRestartedInBlackHoleLeavesHalfOpenConnection) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   ASSERT_GE(fd, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(proxy_->port()));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sockaddr_in addr = LoopbackAddress(proxy_->port());
   ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
   // The HTTP/2 client preface with an empty SETTINGS frame; the server's SETTINGS in reply prove
   // that the proxy holds a connection to the server.

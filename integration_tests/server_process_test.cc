@@ -24,14 +24,6 @@
 namespace shardcache::testing {
 namespace {
 
-sockaddr_in Loopback(int port) {
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  return addr;
-}
-
 // IP_LOCAL_PORT_RANGE (Linux 6.3): the ports a socket's bind to port 0, or its connect, may
 // take. Debian 12's headers predate it.
 #ifndef IP_LOCAL_PORT_RANGE
@@ -43,7 +35,7 @@ sockaddr_in Loopback(int port) {
 int Error(int (*op)(int, const sockaddr*, socklen_t), int port) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return errno;
-  sockaddr_in addr = Loopback(port);
+  sockaddr_in addr = LoopbackAddress(port);
   int err = 0;
   if (op(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) err = errno;
   close(fd);
@@ -60,7 +52,7 @@ int PortZeroBindError(int port) {
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   uint32_t range = (static_cast<uint32_t>(port) << 16) | static_cast<uint32_t>(port);
   int err = 0;
-  sockaddr_in addr = Loopback(0);
+  sockaddr_in addr = LoopbackAddress(0);
   socklen_t len = sizeof(addr);
   if (setsockopt(fd, IPPROTO_IP, IP_LOCAL_PORT_RANGE, &range, sizeof(range)) != 0) {
     err = ENOPROTOOPT;

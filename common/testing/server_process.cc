@@ -3,7 +3,6 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -141,10 +140,7 @@ void ServerProcess::HoldPort() {
   // stopped process in TIME_WAIT.
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(grpc_port_));
+  sockaddr_in addr = LoopbackAddress(grpc_port_);
   if (bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
     close(fd);  // Taken already: Start tries again until it is free.
     return;
@@ -222,6 +218,14 @@ std::string ServerProcess::Log() const {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+sockaddr_in LoopbackAddress(int port) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  return addr;
 }
 
 std::string HttpGet(int port, const std::string& path) {

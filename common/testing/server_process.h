@@ -16,6 +16,7 @@
 #ifndef SHARDCACHE_COMMON_TESTING_SERVER_PROCESS_H_
 #define SHARDCACHE_COMMON_TESTING_SERVER_PROCESS_H_
 
+#include <netinet/in.h>
 #include <sys/types.h>
 
 #include <string>
@@ -96,6 +97,9 @@ class ServerProcess {
   // A socket bound to grpc_port_ while the process is down, or -1.
   int port_hold_ = -1;
 };
+
+// The address 127.0.0.1:port.
+sockaddr_in LoopbackAddress(int port);
 
 // A minimal HTTP GET against 127.0.0.1:port; returns "<status code>\n<body>" or an error.
 std::string HttpGet(int port, const std::string& path);
