@@ -56,13 +56,14 @@ ABSL_FLAG(absl::Duration, history_age, absl::Hours(1),
           "events older than this leave the watch history window (0: no age limit)");
 ABSL_FLAG(int64_t, watch_queue_events, 0,
           "live events that may wait for one watcher, on top of --watch-queue-bytes (0: no bound "
-          "in events)");
+          "in events); a watcher whose queue is full is parked and caught up from the history");
 ABSL_FLAG(int64_t, watch_queue_bytes, 1 << 20,
-          "bytes of live events that may wait for one watcher; a watcher further behind is ended "
-          "with RESOURCE_EXHAUSTED once its client has read nothing for --watch-stall-timeout");
+          "bytes of live events that may wait for one watcher; a watcher whose queue is full is "
+          "parked and caught up from the history window once it has drained half of it (ended "
+          "with OUT_OF_RANGE if the window has moved past it); nobody waits for it");
 ABSL_FLAG(absl::Duration, watch_stall_timeout, absl::Seconds(5),
-          "how long a watcher past --watch-queue-bytes may leave a message unread before it is "
-          "ended; a watcher that reads is never ended: the writers are slowed instead");
+          "how long a watcher whose queue is full may leave a message unread before it is ended "
+          "with RESOURCE_EXHAUSTED; a watcher that reads, however slowly, is parked instead");
 ABSL_FLAG(int32_t, watch_dispatchers, 2,
           "threads that fan events out to watchers (each serves a share of the watchers)");
 ABSL_FLAG(bool, watch_cork_writes, true,
@@ -161,6 +162,8 @@ absl::StatusOr<Config> ConfigFromFlags() {
   if (c.store.history_events < 1) {
     return absl::InvalidArgumentError("--history-events: must be at least 1");
   }
+  // Parked watchers catch up over the whole window with the encodings the others received.
+  c.watch.kept_forms = static_cast<size_t>(c.store.history_events);
   int64_t queue = absl::GetFlag(FLAGS_watch_queue_events);
   if (queue < 0) return absl::InvalidArgumentError("--watch-queue-events: must not be negative");
   c.service.watch_queue_events = static_cast<size_t>(queue);

@@ -100,10 +100,34 @@ ObjectStore::ObjectStore(Options options, WatchCache* watch_cache, StoreMetrics*
     absl::MutexLock l(&mu_);
     RecoverLocked(std::move(state));
   }
+  watch_cache_->SetHistory(this);
   committer_.Start();
 }
 
-ObjectStore::~ObjectStore() { committer_.Stop(); }
+ObjectStore::~ObjectStore() {
+  committer_.Stop();
+  watch_cache_->SetHistory(nullptr);
+}
+
+absl::Status ObjectStore::ReadHistory(const std::string& group_resource, int64_t after,
+                                      int64_t up_to, size_t max_events,
+                                      std::vector<EventPtr>* out) const {
+  absl::ReaderMutexLock l(&mu_);
+  if (after < compacted_revision_) {
+    return absl::OutOfRangeError(absl::StrCat("events after revision ", after,
+                                              " have left the history window (oldest ",
+                                              compacted_revision_, ")"));
+  }
+  auto first = std::upper_bound(history_.begin(), history_.end(), after,
+                                [](int64_t rev, const EventPtr& e) { return rev < e->revision; });
+  size_t appended = 0;
+  for (auto it = first; it != history_.end() && (*it)->revision <= up_to; ++it) {
+    if ((*it)->group_resource != group_resource) continue;
+    out->push_back(*it);
+    if (++appended == max_events) break;
+  }
+  return absl::OkStatus();
+}
 
 void ObjectStore::RecoverLocked(PersistedState state) {
   revision_ = durable_revision_ = state.revision;

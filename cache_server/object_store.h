@@ -59,7 +59,7 @@
 
 namespace shardcache {
 
-class ObjectStore : private GroupCommitter::Owner {
+class ObjectStore : public EventHistory, private GroupCommitter::Owner {
  public:
   struct Options {
     // Which resources are served (see ResourceRegistry).
@@ -126,6 +126,12 @@ class ObjectStore : private GroupCommitter::Owner {
   // Validates a watch request and, if it is valid, gives `watcher` its spec and initial events
   // (Watcher::Init) and registers it with the WatchCache, all under the store's lock.
   absl::Status StartWatch(const v1::WatchRequest& request, Watcher* watcher);
+
+  // EventHistory: the events of the history window, for the watch fan-out to catch up a watcher
+  // that fell behind. The ObjectStore attaches itself to the WatchCache for that.
+  absl::Status ReadHistory(const std::string& group_resource, int64_t after, int64_t up_to,
+                           size_t max_events, std::vector<EventPtr>* out) const override
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The durable revision: every write up to it is acknowledged or about to be.
   int64_t revision() const;

@@ -70,10 +70,12 @@ class RecordingWatcher : public Watcher {
     for (auto& [type, obj] : initial) events_.push_back(Describe(type, *obj));
   }
   const WatchSpec& spec() const override { return spec_; }
-  void Deliver(const Delivery& d) override {
+  bool Deliver(const Delivery& d) override {
     absl::MutexLock l(&mu_);
     events_.push_back(Describe(d.type, *d.object));
+    return true;
   }
+  bool HasRoom() const override { return true; }
   void Bookmark(int64_t) override {}
   void End(const absl::Status& status) override {
     absl::MutexLock l(&mu_);
@@ -517,6 +519,40 @@ TEST_F(ObjectStoreTest, Watch_TooOldRevision_IsOutOfRange) {
   req.set_resource_version("4");  // compacted up to 4: events 5.. remain
   EXPECT_THAT(store_->StartWatch(req, &w), IsOk());
   cache_.Unregister(&w);
+}
+
+// The history the watch fan-out catches parked watchers up from: one resource's events in a
+// revision range, at most as many as asked, and OUT_OF_RANGE once what follows `after` has left
+// the window.
+TEST_F(ObjectStoreTest, ReadHistory_OneResourcesEventsInRange_OutOfRangeOnceCompacted) {
+  Make(Role::kShard, /*history=*/5);
+  DefineWidgets();  // revision 2
+  for (int i = 0; i < 4; ++i) ASSERT_THAT(Create(Widget(absl::StrCat("w", i))), IsOk());  // 3..6
+  auto revisions = [](const std::vector<EventPtr>& events) {
+    std::vector<int64_t> out;
+    for (const EventPtr& e : events) out.push_back(e->revision);
+    return out;
+  };
+  std::vector<EventPtr> events;
+  ASSERT_THAT(store_->ReadHistory("example.com/widgets", 2, 6, 100, &events), IsOk());
+  EXPECT_THAT(revisions(events), ElementsAre(3, 4, 5, 6));
+  events.clear();
+  ASSERT_THAT(store_->ReadHistory("example.com/widgets", 3, 5, 100, &events), IsOk());
+  EXPECT_THAT(revisions(events), ElementsAre(4, 5));
+  events.clear();
+  ASSERT_THAT(store_->ReadHistory("example.com/widgets", 2, 6, 2, &events), IsOk());
+  EXPECT_THAT(revisions(events), ElementsAre(3, 4));
+  events.clear();
+  // The definition's own event is another resource's.
+  ASSERT_THAT(store_->ReadHistory("example.com/gadgets", 1, 6, 100, &events), IsOk());
+  EXPECT_THAT(events, ::testing::IsEmpty());
+  // Two more writes: the window (5 events) starts after revision 3.
+  for (int i = 4; i < 6; ++i) ASSERT_THAT(Create(Widget(absl::StrCat("w", i))), IsOk());
+  EXPECT_THAT(store_->ReadHistory("example.com/widgets", 2, 8, 100, &events),
+              StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_THAT(events, ::testing::IsEmpty());
+  ASSERT_THAT(store_->ReadHistory("example.com/widgets", 3, 8, 100, &events), IsOk());
+  EXPECT_THAT(revisions(events), ElementsAre(4, 5, 6, 7, 8));
 }
 
 TEST_F(ObjectStoreTest, DefinitionDeleted_DeletesObjectsThenEndsWatches) {

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "cache_server/watch_cache.h"
+#include "cache_server/event.h"
 
 namespace shardcache {
 

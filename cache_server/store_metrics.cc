@@ -27,8 +27,9 @@ StoreMetrics::StoreMetrics(std::shared_ptr<prometheus::Registry> registry)
       watchers(MakeGauge(*registry, "shardcache_store_watchers", "Open watch streams.")),
       events_dispatched(MakeCounter(*registry, "shardcache_store_events_dispatched_total",
                                     "Events handed to watchers.")),
-      watchers_too_slow(MakeCounter(*registry, "shardcache_store_watchers_too_slow_total",
-                                    "Watchers ended because they could not keep up.")),
+      watchers_too_slow(
+          MakeCounter(*registry, "shardcache_store_watchers_too_slow_total",
+                      "Watchers ended because their clients read nothing for the stall timeout.")),
       writes(MakeCounter(*registry, "shardcache_store_writes_total", "Committed writes.")),
       commit_seconds(
           prometheus::BuildHistogram()
@@ -39,9 +40,15 @@ StoreMetrics::StoreMetrics(std::shared_ptr<prometheus::Registry> registry)
               .Add({}, prometheus::Histogram::BucketBoundaries{0.0005, 0.001, 0.0025, 0.005, 0.01,
                                                                0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
                                                                5})),
-      watch_backpressure_seconds(MakeCounter(
-          *registry, "shardcache_store_watch_backpressure_seconds_total",
-          "Time the committer waited for watchers to catch up, holding back acknowledgements.")),
+      watchers_parked(MakeGauge(*registry, "shardcache_store_watchers_parked",
+                                "Watchers whose queue filled: parked, to be caught up from the "
+                                "history window.")),
+      watchers_too_old(MakeCounter(*registry, "shardcache_store_watchers_too_old_total",
+                                   "Parked watchers ended with OUT_OF_RANGE: the events they "
+                                   "needed had left the history window.")),
+      watch_catch_up_events(MakeCounter(*registry, "shardcache_store_watch_catch_up_events_total",
+                                        "Events delivered from the history window to parked "
+                                        "watchers.")),
       registry_(std::move(registry)),
       requests_(prometheus::BuildCounter()
                     .Name("shardcache_grpc_requests_total")

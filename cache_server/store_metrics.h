@@ -30,12 +30,15 @@ class StoreMetrics {
   prometheus::Gauge& history_events;       // events in the watch history window
   prometheus::Gauge& watchers;             // open watch streams
   prometheus::Counter& events_dispatched;  // events handed to watchers
-  prometheus::Counter& watchers_too_slow;  // watchers ended because they fell behind
+  prometheus::Counter& watchers_too_slow;  // watchers ended: their clients stopped reading
   prometheus::Counter& writes;             // committed writes
   // How long each durable commit took: one batch of writes written and synced to disk.
   prometheus::Histogram& commit_seconds;
-  // Time the committer waited for the watch fan-out (backpressure on the writers).
-  prometheus::Counter& watch_backpressure_seconds;
+  // Watchers parked (their queue filled; caught up from the history later), watchers ended
+  // because the history moved past them, and events delivered to parked watchers from it.
+  prometheus::Gauge& watchers_parked;
+  prometheus::Counter& watchers_too_old;
+  prometheus::Counter& watch_catch_up_events;
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;

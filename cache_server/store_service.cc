@@ -4,7 +4,7 @@
 
 #include "absl/time/clock.h"
 #include "cache_server/request_parser.h"
-#include "cache_server/watch_reactor.h"
+#include "cache_server/watch_call.h"
 #include "cache_server/write_stream_reactor.h"
 #include "common/grpc_status.h"
 
@@ -177,17 +177,17 @@ void StoreService::StopWatches() {
 
 void StoreService::AcceptWatch() {
   int dispatcher = watch_cache_->LeastLoadedDispatcher();
-  auto* reactor = new WatchReactor(watch_cache_, metrics_, options_.watch_queue_events,
-                                   store_->store_id(), dispatcher, [this](WatchReactor* r) {
-                                     AcceptWatch();
-                                     StartWatch(r);
-                                   });
+  auto* reactor = new WatchCall(watch_cache_, metrics_, options_.watch_queue_events,
+                                store_->store_id(), dispatcher, [this](WatchCall* r) {
+                                  AcceptWatch();
+                                  StartWatch(r);
+                                });
   RequestWatch(reactor->context(), reactor->request(), reactor->writer(),
                watch_cache_->completion_queue(dispatcher), watch_calls_.get(),
                reactor->accepted_tag());
 }
 
-void StoreService::StartWatch(WatchReactor* reactor) {
+void StoreService::StartWatch(WatchCall* reactor) {
   v1::WatchRequest req;
   absl::Status started = ParseRequest(*reactor->request(), &req);
   if (started.ok()) {

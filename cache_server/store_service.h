@@ -10,10 +10,10 @@
 // Unary reads run inline; unary writes finish once the store reports them durable (from the
 // store's committer thread), so no gRPC thread waits for a disk sync. Write returns a
 // WriteStreamReactor. Watch is served with gRPC's async API on the WatchCache's dispatchers
-// (watch_reactor.h): a thread of the service's own takes the Watch calls from a completion queue
+// (watch_call.h): a thread of the service's own takes the Watch calls from a completion queue
 // of the server's and hands each to the dispatcher with the fewest watchers, on whose completion
 // queue the call's operations then complete. Errors are converted from absl::Status to
-// grpc::Status here, and only here.
+// grpc::Status at this boundary: here, and in WatchCall for the status that ends a watch.
 //
 // Shutdown: Shutdown() makes new calls fail with UNAVAILABLE and drains the Write streams;
 // AwaitIdle() then waits until no call of the service is in flight, so that the gRPC server can
@@ -42,12 +42,12 @@
 #include "cache_server/object_store.h"
 #include "cache_server/store_metrics.h"
 #include "cache_server/watch_cache.h"
+#include "cache_server/write_stream_reactor.h"
 #include "shardcache/v1/store.grpc.pb.h"
 
 namespace shardcache {
 
-class WatchReactor;
-class WriteStreamReactor;
+class WatchCall;
 
 // The Store service with every method raw; Watch with the async API, the others callbacks.
 using RawStoreService = v1::Store::WithRawCallbackMethod_Get<v1::Store::WithRawCallbackMethod_List<
@@ -56,7 +56,7 @@ using RawStoreService = v1::Store::WithRawCallbackMethod_Get<v1::Store::WithRawC
             v1::Store::WithRawCallbackMethod_Delete<v1::Store::WithRawCallbackMethod_Write<
                 v1::Store::WithRawCallbackMethod_ClaimEpoch<v1::Store::Service>>>>>>>>>;
 
-class StoreService final : public RawStoreService {
+class StoreService final : public RawStoreService, private WriteStreamReactor::Owner {
  public:
   struct Options {
     // Live events that may wait for a slow watcher before it is ended (RESOURCE_EXHAUSTED).
@@ -87,13 +87,6 @@ class StoreService final : public RawStoreService {
                                        const grpc::ByteBuffer* req,
                                        grpc::ByteBuffer* resp) override;
 
-  // Applies one write of a Write stream; `done` receives its answer once it is durable (or
-  // failed), possibly before Apply returns.
-  // `who` is the stream's caller; a write it may not make is answered PERMISSION_DENIED (or
-  // UNAUTHENTICATED) and not applied.
-  void Apply(v1::WriteRequest* req, const std::optional<PeerIdentity>& who,
-             std::function<void(v1::WriteResponse)> done);
-
   // Registers the service with `builder`, with a completion queue of the server's for the Watch
   // calls. Call once, before BuildAndStart.
   void AddTo(grpc::ServerBuilder* builder);
@@ -112,11 +105,15 @@ class StoreService final : public RawStoreService {
   // is in flight. Returns whether none is. (Watches are drained by WatchCache::Shutdown.)
   bool AwaitIdle(absl::Duration timeout);
 
-  // For WriteStreamReactor: registration of open streams. AddStream fails once draining.
-  bool AddStream(WriteStreamReactor* stream);
-  void RemoveStream(WriteStreamReactor* stream);
-
  private:
+  // WriteStreamReactor::Owner: registration of open streams (AddStream fails once draining),
+  // and one write of a stream: `who` is the stream's caller; a write it may not make is
+  // answered PERMISSION_DENIED (or UNAUTHENTICATED) and not applied.
+  bool AddStream(WriteStreamReactor* stream) override;
+  void RemoveStream(WriteStreamReactor* stream) override;
+  void Apply(v1::WriteRequest* req, const std::optional<PeerIdentity>& who,
+             std::function<void(v1::WriteResponse)> done) override;
+
   class UnaryCall;
 
   // Starts a unary call of `method` that answers into `response`. When the service is draining,
@@ -132,7 +129,7 @@ class StoreService final : public RawStoreService {
   void AcceptWatch();
   // Starts an accepted Watch call: parses and authorizes its request, sends the headers and
   // registers the watch (or rejects it).
-  void StartWatch(WatchReactor* reactor);
+  void StartWatch(WatchCall* reactor);
   // Serves a unary call of `method`: parses `raw` into a Request and, when the call is admitted
   // (Begin), hands it to `handle(request, call)`, which answers it with UnaryCall::Reply.
   template <typename Request, typename Handler>

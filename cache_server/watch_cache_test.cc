@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
+#include "cache_server/testing/fake_watcher.h"
 #include "common/clock.h"
 #include "common/testing/wait.h"
 
@@ -22,53 +23,9 @@ namespace {
 
 using ::testing::ElementsAre;
 
-class FakeWatcher : public Watcher {
- public:
-  explicit FakeWatcher(WatchSpec spec) : spec_(std::move(spec)) {}
-  void Init(WatchSpec, std::vector<std::pair<v1::WatchEvent::Type, ObjectRef>>) override {}
-  const WatchSpec& spec() const override { return spec_; }
-  void Deliver(const Delivery& d) override {
-    Record(absl::StrCat(v1::WatchEvent::Type_Name(d.type), " ", d.object->metadata().name(), " ",
-                        d.object->metadata().labels().at("app")));
-  }
-  void Bookmark(int64_t revision) override { Record(absl::StrCat("BOOKMARK ", revision)); }
-  void End(const absl::Status& s) override {
-    Record(absl::StrCat("END ", absl::StatusCodeToString(s.code())));
-  }
-  std::vector<std::string> WaitFor(size_t n) {
-    absl::MutexLock l(&mu_);
-    auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return seen_.size() >= n; };
-    mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
-    return seen_;
-  }
-
- private:
-  void Record(std::string s) {
-    absl::MutexLock l(&mu_);
-    seen_.push_back(std::move(s));
-  }
-  WatchSpec spec_;
-  absl::Mutex mu_;
-  std::vector<std::string> seen_ ABSL_GUARDED_BY(mu_);
-};
-
-EventPtr MakeEvent(int64_t rev, v1::WatchEvent::Type type, const std::string& name,
-                   const std::string& app, const std::string& prev_app = "") {
-  auto e = std::make_shared<Event>();
-  e->revision = rev;
-  e->type = type;
-  e->group_resource = "example.com/widgets";
-  auto o = std::make_shared<v1::Object>();
-  o->mutable_metadata()->set_name(name);
-  (*o->mutable_metadata()->mutable_labels())["app"] = app;
-  e->object = o;
-  if (!prev_app.empty()) {
-    auto p = std::make_shared<v1::Object>(*o);
-    (*p->mutable_metadata()->mutable_labels())["app"] = prev_app;
-    e->prev = p;
-  }
-  return e;
-}
+using ::shardcache::testing::FakeHistory;
+using ::shardcache::testing::FakeWatcher;
+using ::shardcache::testing::MakeEvent;
 
 WatchSpec Spec(int64_t start, const std::string& selector = "") {
   WatchSpec s;
@@ -271,40 +228,98 @@ TEST_F(WatchCacheTest, Dispatchers_ShareTheWatchers_EachGetsEveryEventInOrder) {
   EXPECT_EQ(cache.watcher_count(), 0u);
 }
 
-TEST_F(WatchCacheTest, Publish_WaitsWhileWatchersHoldMoreThanTheBacklog) {
-  WatchCache::Options options{absl::Seconds(60)};
-  options.backlog_bytes = 1000;
+// A watcher that takes nothing holds nobody up: Publish returns at once, the other watcher gets
+// every event, and the parked one is caught up from the history once it reads.
+TEST_F(WatchCacheTest, Publish_NeverWaitsForAWatcher_AFullOneIsCaughtUpFromTheHistory) {
+  WatchCache cache({absl::Seconds(60)}, &metrics_);
+  FakeHistory history;
+  cache.SetHistory(&history);
+  FakeWatcher full(Spec(0), /*capacity=*/100);
+  FakeWatcher reader(Spec(0));
+  ASSERT_TRUE(cache.Register(&full).ok());
+  ASSERT_TRUE(cache.Register(&reader).ok());
+  std::vector<std::string> want;
+  for (int i = 1; i <= 2000; ++i) {
+    std::string name = absl::StrCat("o", i);
+    EventPtr e = MakeEvent(i, v1::WatchEvent::ADDED, name, "web");
+    history.Add(e);
+    cache.Publish({e});  // returns at once: nothing here waits
+    want.push_back(absl::StrCat("ADDED ", name, " web"));
+  }
+  EXPECT_EQ(reader.WaitFor(want.size()), want);
+  EXPECT_TRUE(testing::Eventually([&] { return metrics_.watchers_parked.Value() == 1; },
+                                  "the full watcher is parked"));
+  EXPECT_EQ(full.seen().size(), 100u);
+  // It reads, and is caught up by its dispatcher, a little at a time.
+  EXPECT_TRUE(testing::Eventually(
+      [&] {
+        full.Read();
+        return full.seen().size() == want.size();
+      },
+      "the parked watcher catches up"));
+  EXPECT_EQ(full.seen(), want);
+  EXPECT_TRUE(testing::Eventually([&] { return metrics_.watchers_parked.Value() == 0; },
+                                  "it is synced again"));
+  cache.Unregister(&full);
+  cache.Unregister(&reader);
+  cache.SetHistory(nullptr);
+}
+
+// Without the history it would need (it has moved on), a parked watcher ends OUT_OF_RANGE and
+// leaves; the count follows at once.
+TEST_F(WatchCacheTest, ParkedWatcher_HistoryMovedOn_EndsOutOfRange) {
+  WatchCache cache({absl::Seconds(60)}, &metrics_);
+  FakeHistory history;
+  cache.SetHistory(&history);
+  FakeWatcher full(Spec(0), /*capacity=*/1);
+  ASSERT_TRUE(cache.Register(&full).ok());
+  for (int i = 1; i <= 10; ++i) {
+    EventPtr e = MakeEvent(i, v1::WatchEvent::ADDED, absl::StrCat("o", i), "web");
+    history.Add(e);
+    cache.Publish({e});
+  }
+  ASSERT_TRUE(testing::Eventually([&] { return metrics_.watchers_parked.Value() == 1; },
+                                  "the full watcher is parked"));
+  history.Compact(8);
+  full.Read();
+  EXPECT_THAT(full.WaitFor(2), ElementsAre("ADDED o1 web", "END OUT_OF_RANGE"));
+  EXPECT_TRUE(testing::Eventually([&] { return cache.watcher_count() == 0; }, "counted out"));
+  cache.Unregister(&full);
+  cache.SetHistory(nullptr);
+}
+
+// A dispatcher whose inbox holds more than max_queued_events skips the rest: its watchers are
+// caught up from the history, and miss nothing.
+TEST_F(WatchCacheTest, ADispatcherFarBehind_SkipsItsInbox_ItsWatchersMissNothing) {
+  WatchCache::Options options = {absl::Seconds(60)};
+  options.dispatchers = 1;
+  options.max_queued_events = 4;
   WatchCache cache(options, &metrics_);
+  FakeHistory history;
+  cache.SetHistory(&history);
   FakeWatcher w(Spec(0));
   ASSERT_TRUE(cache.Register(&w).ok());
-  cache.AddBacklog(1001);  // as reactors do for the bytes they hold
-
-  std::atomic<bool> returned{false};
-  std::atomic<pid_t> tid{0};
-  std::thread publisher([&] {
-    tid = testing::ThisThreadId();
-    cache.Publish({MakeEvent(2, v1::WatchEvent::ADDED, "a", "web")});
-    returned = true;
-  });
-  ASSERT_TRUE(
-      testing::Eventually([&] { return returned || (tid != 0 && testing::ThreadAsleep(tid)); },
-                          "Publish returns or waits"));
-  EXPECT_FALSE(returned) << "Publish went through a full backlog";
-  EXPECT_TRUE(w.WaitFor(0).empty());
-
-  cache.AddBacklog(-1001);  // the watchers caught up
-  publisher.join();
-  EXPECT_THAT(w.WaitFor(1), ElementsAre("ADDED a web"));
+  std::vector<EventPtr> burst;
+  std::vector<std::string> want;
+  for (int i = 1; i <= 50; ++i) {
+    std::string name = absl::StrCat("o", i);
+    burst.push_back(MakeEvent(i, v1::WatchEvent::ADDED, name, "web"));
+    history.Add(burst.back());
+    want.push_back(absl::StrCat("ADDED ", name, " web"));
+  }
+  cache.Publish(burst);  // one call: the inbox takes 4 and skips 46
+  EXPECT_EQ(w.WaitFor(want.size()), want);
   cache.Unregister(&w);
+  cache.SetHistory(nullptr);
 }
 
 // Notes the thread its events are delivered on.
 class ThreadNotingWatcher : public FakeWatcher {
  public:
   using FakeWatcher::FakeWatcher;
-  void Deliver(const Delivery& d) override {
+  bool Deliver(const Delivery& d) override {
     thread = std::this_thread::get_id();
-    FakeWatcher::Deliver(d);
+    return FakeWatcher::Deliver(d);
   }
   std::atomic<std::thread::id> thread;
 };

@@ -6,7 +6,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "cache_server/request_parser.h"
-#include "cache_server/store_service.h"
 
 namespace shardcache {
 namespace {
@@ -21,10 +20,10 @@ v1::WriteResponse Refusal(int64_t id, grpc::StatusCode code, const std::string& 
 
 }  // namespace
 
-WriteStreamReactor::WriteStreamReactor(StoreService* service, StoreMetrics* metrics,
+WriteStreamReactor::WriteStreamReactor(Owner* owner, StoreMetrics* metrics,
                                        std::optional<PeerIdentity> who)
-    : service_(service), metrics_(metrics), who_(std::move(who)) {
-  bool added = service_->AddStream(this);
+    : owner_(owner), metrics_(metrics), who_(std::move(who)) {
+  bool added = owner_->AddStream(this);
   Next next;
   {
     absl::MutexLock l(&mu_);
@@ -102,7 +101,7 @@ void WriteStreamReactor::OnReadDone(bool ok) {
   if (refused.has_value()) {
     Answer(slot, *refused, /*from_store=*/false);
   } else if (slot != nullptr) {
-    service_->Apply(&req, who_, [this, slot](v1::WriteResponse answer) {
+    owner_->Apply(&req, who_, [this, slot](v1::WriteResponse answer) {
       Answer(slot, answer, /*from_store=*/true);
     });
   }
@@ -153,7 +152,7 @@ void WriteStreamReactor::OnCancel() {
 }
 
 void WriteStreamReactor::OnDone() {
-  service_->RemoveStream(this);
+  owner_->RemoveStream(this);
   delete this;
 }
 

@@ -1,7 +1,8 @@
 // WriteStreamReactor: the server side of one Write stream (gRPC callback API, raw ByteBuffer
 // messages).
 //
-// Reads a write, parses it, hands it to the store (StoreService::Apply) and sends the answers in
+// Reads a write, parses it, hands it to its owner (Owner::Apply: the StoreService, which
+// authorizes it and gives it to the store) and sends the answers in
 // the order of the writes as they complete: one answer per write read, in order, and a failed
 // write does not end the stream. A write that does not parse is answered INVALID_ARGUMENT (with
 // the reason and the id it carries) in its turn, and the stream goes on; only when not even its
@@ -25,6 +26,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <deque>
+#include <functional>
 #include <optional>
 
 #include "absl/synchronization/mutex.h"
@@ -34,18 +36,31 @@
 
 namespace shardcache {
 
-class StoreService;
-
 class WriteStreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
+  // What a Write stream asks of the service that serves it (the StoreService). Thread-safe.
+  class Owner {
+   public:
+    virtual ~Owner() = default;
+    // Registers an open stream, which the owner drains (Drain) when it shuts down; false once
+    // it is draining: the stream then ends at once with UNAVAILABLE.
+    virtual bool AddStream(WriteStreamReactor* stream) = 0;
+    // The stream is over; after it returns, the owner no longer calls it.
+    virtual void RemoveStream(WriteStreamReactor* stream) = 0;
+    // Applies one write of the stream, made by `who`; `done` receives its answer exactly once,
+    // once it is durable (or failed), possibly before Apply returns.
+    virtual void Apply(v1::WriteRequest* request, const std::optional<PeerIdentity>& who,
+                       std::function<void(v1::WriteResponse)> done) = 0;
+  };
+
   // Writes of one stream that may be outstanding (read but not yet answered on the wire) before
   // the stream stops reading.
   static constexpr size_t kMaxOutstandingWrites = 256;
 
-  // Registers with `service` (not owned; outlives the reactor) and starts reading; ends at once
-  // with UNAVAILABLE if the service is draining. `who` is the caller, whose writes the service
+  // Registers with `owner` (not owned; outlives the reactor) and starts reading; ends at once
+  // with UNAVAILABLE if the owner is draining. `who` is the caller, whose writes the owner
   // authorizes one by one.
-  WriteStreamReactor(StoreService* service, StoreMetrics* metrics,
+  WriteStreamReactor(Owner* owner, StoreMetrics* metrics,
                      std::optional<PeerIdentity> who = std::nullopt);
 
   // The server is shutting down: answer what was taken, then end with UNAVAILABLE.
@@ -76,7 +91,7 @@ class WriteStreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc
   void Answer(Slot* slot, const v1::WriteResponse& answer, bool from_store)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  StoreService* const service_;
+  Owner* const owner_;
   StoreMetrics* const metrics_;
   const std::optional<PeerIdentity> who_;
   // The message being read; only touched between StartRead and the end of OnReadDone.

@@ -106,8 +106,8 @@ for stage in "${stages[@]}"; do
       configure "$dir" thread -DSHARDCACHE_BUILD_BENCH=OFF -DSHARDCACHE_BUILD_PROCESS_TESTS=OFF
       # Only what the concurrency suites need: the tests and the server they start.
       targets=(cache_server write_stream_test shared_informer_test dynamic_informer_factory_test
-        work_queue_test leader_elector_test watch_cache_test object_store_test clock_test
-        reflector_liveness_test group_committer_test write_stream_reactor_test watch_reactor_test
+        work_queue_test leader_elector_test watch_cache_test fan_out_test object_store_test clock_test
+        reflector_liveness_test group_committer_test write_stream_reactor_test watch_call_test
         callback_queue_ticker_test)
       cmake --build "$dir" -j"$(nproc)" --target "${targets[@]}"
       reports="$root/$dir/sanitizer-reports"

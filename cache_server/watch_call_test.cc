@@ -1,6 +1,6 @@
-// Unit tests of WatchReactor: a real gRPC server in this process (InProcessServer) and real
+// Unit tests of WatchCall: a real gRPC server in this process (InProcessServer) and real
 // client channels, read with the process tests' WatchReader.
-#include "cache_server/watch_reactor.h"
+#include "cache_server/watch_call.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -41,7 +41,7 @@ v1::Object Widget(const std::string& name, const std::string& data = "") {
   return o;
 }
 
-class WatchReactorTest : public ::testing::Test {
+class WatchCallTest : public ::testing::Test {
  protected:
   // Starts the server, with bookmarks every 100 ms (so that WatchReader::NothingMoreUpTo
   // returns soon) and `options` as the test needs them.
@@ -98,7 +98,7 @@ class WatchReactorTest : public ::testing::Test {
   std::unique_ptr<InProcessServer> server_;
 };
 
-TEST_F(WatchReactorTest, SendsTheInitialStateThenABookmarkThenEveryChangeInOrder) {
+TEST_F(WatchCallTest, SendsTheInitialStateThenABookmarkThenEveryChangeInOrder) {
   Start();
   int64_t rv1 = Create(Widget("w1"));
   int64_t rv2 = Create(Widget("w2"));
@@ -125,7 +125,7 @@ TEST_F(WatchReactorTest, SendsTheInitialStateThenABookmarkThenEveryChangeInOrder
   EXPECT_TRUE(reader.NothingMoreUpTo(rv5));
 }
 
-TEST_F(WatchReactorTest, BatchedEventsArriveInOrder) {
+TEST_F(WatchCallTest, BatchedEventsArriveInOrder) {
   Start();
   v1::WatchRequest req = WatchReq(Widgets(), int64_t{1});
   req.set_batch_events(true);
@@ -199,7 +199,7 @@ class RawWatch {
 // watcher with a label selector, whose events are not side by side in the cache's chunks (it
 // skips some, and sees others as a different type), and one that asked for no batches, get
 // theirs exactly too.
-TEST_F(WatchReactorTest, EventsThatPileUp_GoOutInOrderInFewMessages) {
+TEST_F(WatchCallTest, EventsThatPileUp_GoOutInOrderInFewMessages) {
   Start();
   v1::WatchRequest all = WatchReq(Widgets());
   all.set_batch_events(true);
@@ -290,7 +290,7 @@ TEST_F(WatchReactorTest, EventsThatPileUp_GoOutInOrderInFewMessages) {
   EXPECT_EQ(single.batches(), 0);
 }
 
-TEST_F(WatchReactorTest, AnIdleWatcherGetsPeriodicBookmarks) {
+TEST_F(WatchCallTest, AnIdleWatcherGetsPeriodicBookmarks) {
   Start();  // bookmarks every 100 ms
   int64_t rv = Create(Widget("w1"));
   WatchReader reader(server_->stub(), WatchReq(Widgets()));
@@ -304,7 +304,7 @@ TEST_F(WatchReactorTest, AnIdleWatcherGetsPeriodicBookmarks) {
   }
 }
 
-TEST_F(WatchReactorTest, AClientThatStopsReadingIsEndedWhileAnotherGoesOn) {
+TEST_F(WatchCallTest, AClientThatStopsReadingIsEndedWhileAnotherGoesOn) {
   InProcessServer::Options options;
   options.watch.watcher_queue_bytes = 1024;
   // The healthy watcher is past the bound too during the burst: a write of it that a busy
@@ -352,7 +352,7 @@ TEST_F(WatchReactorTest, AClientThatStopsReadingIsEndedWhileAnotherGoesOn) {
 // The stall that ends a watcher is measured on the WatchCache's clock: with nothing more
 // delivered (no writes), the sweeps alone end a batched watcher whose client stopped reading, as
 // soon as that clock has passed the stall timeout.
-TEST_F(WatchReactorTest, AStalledClientIsEndedByTheSweepsOnTheCachesClock) {
+TEST_F(WatchCallTest, AStalledClientIsEndedByTheSweepsOnTheCachesClock) {
   InProcessServer::Options options;
   options.watch.clock = &fake_clock_;
   options.watch.watcher_queue_bytes = 1024;
@@ -383,7 +383,7 @@ TEST_F(WatchReactorTest, AStalledClientIsEndedByTheSweepsOnTheCachesClock) {
   EXPECT_THAT(status.error_message(), HasSubstr("watcher too slow"));
 }
 
-TEST_F(WatchReactorTest, ACancelledWatchIsUnregistered) {
+TEST_F(WatchCallTest, ACancelledWatchIsUnregistered) {
   Start();
   {
     WatchReader reader(server_->stub(), WatchReq(Widgets()));
@@ -403,7 +403,7 @@ TEST_F(WatchReactorTest, ACancelledWatchIsUnregistered) {
   EXPECT_EQ(Summary(initial[0]), Summary("ADDED", "w1", rv));
 }
 
-TEST_F(WatchReactorTest, AWatchThatCannotStartIsRejectedAndNotRegistered) {
+TEST_F(WatchCallTest, AWatchThatCannotStartIsRejectedAndNotRegistered) {
   Start();
   v1::WatchRequest req = WatchReq(Widgets());
   req.set_label_selector("a in (b");
@@ -415,7 +415,7 @@ TEST_F(WatchReactorTest, AWatchThatCannotStartIsRejectedAndNotRegistered) {
   EXPECT_EQ(server_->watch_cache().watcher_count(), 0u);
 }
 
-TEST_F(WatchReactorTest, AWatchThatCannotBeRegistered_GetsOnlyItsError) {
+TEST_F(WatchCallTest, AWatchThatCannotBeRegistered_GetsOnlyItsError) {
   Start();
   Create(Widget("w0"));
   Create(Widget("w1"));
@@ -436,7 +436,7 @@ TEST_F(WatchReactorTest, AWatchThatCannotBeRegistered_GetsOnlyItsError) {
   EXPECT_EQ(server_->watch_cache().watcher_count(), 0u);
 }
 
-TEST_F(WatchReactorTest, ShutdownEndsWatchesUnavailable) {
+TEST_F(WatchCallTest, ShutdownEndsWatchesUnavailable) {
   Start();
   WatchReader reader(server_->stub(), WatchReq(Widgets()));
   ASSERT_TRUE(reader.SkipInitial());
@@ -447,7 +447,7 @@ TEST_F(WatchReactorTest, ShutdownEndsWatchesUnavailable) {
   EXPECT_THAT(status->error_message(), HasSubstr("server shutting down"));
 }
 
-TEST_F(WatchReactorTest, WatchesCancelledAsSoonAsOpened_AreAllUnregistered) {
+TEST_F(WatchCallTest, WatchesCancelledAsSoonAsOpened_AreAllUnregistered) {
   Start();
   int64_t rv0 = Create(Widget("w0"));
   // From several threads at once, each watch cancelled right after its request goes out: calls
@@ -479,7 +479,7 @@ TEST_F(WatchReactorTest, WatchesCancelledAsSoonAsOpened_AreAllUnregistered) {
   EXPECT_THAT(reader.Take(1), ElementsAre(Summary("ADDED", "w2", rv2)));
 }
 
-TEST_F(WatchReactorTest, ShutdownWithAWatchWhoseClientStoppedReading_EndsItAndStops) {
+TEST_F(WatchCallTest, ShutdownWithAWatchWhoseClientStoppedReading_EndsItAndStops) {
   InProcessServer::Options options;
   options.watch.watcher_queue_bytes = size_t{1} << 30;  // never ended as too slow here
   Start(options);

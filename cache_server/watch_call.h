@@ -1,9 +1,9 @@
-// WatchReactor: the server side of one Watch stream (gRPC's async API, on a WatchCache
-// dispatcher's completion queue).
+// WatchCall: the server side of one Watch call (gRPC's async API, on a WatchCache dispatcher's
+// completion queue), and the Watcher that the fan-out delivers to.
 //
-// Watch is served with gRPC's async API so that a stream lives on one WatchCache dispatcher:
-// the dispatcher delivers its events and starts its writes, and the writes complete on that
-// dispatcher's completion queue (WatchCache::StartCompletionQueues), where the same thread
+// Watch is served with gRPC's async API so that a call lives on one WatchCache dispatcher: the
+// dispatcher delivers its events and starts its writes, and the writes complete on that
+// dispatcher's completion queue (Dispatcher::StartCompletionQueue), where the same thread
 // follows them up. An event sent to a watcher that keeps up costs no thread hand-off and no
 // lock that another thread contends for.
 //
@@ -14,8 +14,8 @@
 // cache's chunks (event_chunks.h) as one slice: its queue, and its messages, hold one slice per
 // run of events rather than one per event.
 //
-// At most one write in flight; events wait in a queue under the reactor's lock; Finish is
-// called exactly once, after the queue has drained (or at once for a watcher whose client stopped
+// At most one write in flight; events wait in a queue under the call's lock; Finish is called
+// exactly once, after the queue has drained (or at once for a watcher whose client stopped
 // reading, or that cancelled). The initial events (snapshot or history) are sent first and are
 // not bounded.
 //
@@ -24,13 +24,14 @@
 // one waiting event goes out as itself. Without batch_events every message is one event, as a
 // grpcurl user expects.
 //
-// Slow clients: live events are bounded in bytes (WatchCache::Options::watcher_queue_bytes, and
-// optionally in events, `max_pending_events`). A watcher past its bound is ended with
-// RESOURCE_EXHAUSTED only when its own client has stopped reading: its write in flight has not
-// completed for WatchCache::Options::stall_timeout (HTTP/2 flow control holds it). A watcher past
-// its bound whose client reads is the server's lag, not the client's: the bytes waiting in every
-// watcher's queue, and in its message in flight, count towards the WatchCache's backlog, which
-// slows the writers instead.
+// Slow clients: the live events waiting are bounded in bytes (WatchCache::Options::
+// watcher_queue_bytes, and optionally in events, `max_pending_events`). A watcher at its bound
+// refuses the next event (Deliver returns false): the fan-out parks it and catches it up from
+// the store's history once its queue has drained to half (HasRoom), or ends it with OUT_OF_RANGE
+// if the history has moved past it (fan_out.h). Its memory stays within its bound, and nobody
+// waits for it. A full watcher whose client has stopped reading (its write in flight has not
+// completed for WatchCache::Options::stall_timeout: HTTP/2 flow control holds it) is ended with
+// RESOURCE_EXHAUSTED.
 //
 // The writes that a dispatcher starts hold the call's connection corked until the dispatcher's
 // pass ends (socket_cork.h), so that one event sent to many streams of a connection leaves it in
@@ -40,19 +41,19 @@
 // followed by the encoding of that one field (a protobuf message parses the concatenation of two
 // encodings as their merge), so the shared encodings stay as they are.
 //
-// Life: the StoreService asks gRPC for the next Watch call into a new reactor (context(),
-// request(), writer(), accepted_tag()). When the call arrives, the reactor hands itself to
+// Life: the StoreService asks gRPC for the next Watch call into a new WatchCall (context(),
+// request(), writer(), accepted_tag()). When the call arrives, the WatchCall hands itself to
 // `on_accepted`, which starts it with Begin or Reject (when gRPC gives the request back unused,
-// the server is shutting down, and the reactor deletes itself). It deletes itself once the call
-// is over: its Finish has completed, gRPC has reported the call done (AsyncNotifyWhenDone), and
-// none of its operations is in flight. It then unregisters from the WatchCache first.
+// the server is shutting down, and the WatchCall deletes itself). It deletes itself once the
+// call is over: its Finish has completed, gRPC has reported the call done (AsyncNotifyWhenDone),
+// and none of its operations is in flight. It then unregisters from the WatchCache first.
 //
 // Thread-safety: the Watcher methods are called from its dispatcher (End also from the thread of
 // WatchCache::Shutdown); the completions of the call's operations run on its dispatcher's thread,
 // the accepted one (and so Begin and Reject) on the StoreService's acceptor thread. All state is
 // guarded by mu_; no gRPC operation is started under it.
-#ifndef SHARDCACHE_CACHE_SERVER_WATCH_REACTOR_H_
-#define SHARDCACHE_CACHE_SERVER_WATCH_REACTOR_H_
+#ifndef SHARDCACHE_CACHE_SERVER_WATCH_CALL_H_
+#define SHARDCACHE_CACHE_SERVER_WATCH_CALL_H_
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/async_stream.h>
@@ -72,19 +73,19 @@
 
 namespace shardcache {
 
-class WatchReactor : public Watcher {
+class WatchCall : public Watcher {
  public:
   // The most bytes of events put in one batched message (a single event may be larger).
   static constexpr size_t kMaxBatchBytes = 64 << 10;
   // Starts an accepted call: ends with Begin or Reject.
-  using AcceptedCallback = std::function<void(WatchReactor*)>;
+  using AcceptedCallback = std::function<void(WatchCall*)>;
 
   // `max_pending_events`: a bound in events on top of the cache's bound in bytes (0: none).
   // `store_id`: the store's identity, set on every message sent (empty: not set).
   // `dispatcher`: the WatchCache dispatcher on whose completion queue the call's operations
   // complete (the new_call_cq of the request); the watcher is registered with it.
-  WatchReactor(WatchCache* cache, StoreMetrics* metrics, size_t max_pending_events,
-               const std::string& store_id, int dispatcher, AcceptedCallback on_accepted);
+  WatchCall(WatchCache* cache, StoreMetrics* metrics, size_t max_pending_events,
+            const std::string& store_id, int dispatcher, AcceptedCallback on_accepted);
 
   // Where gRPC puts the call it hands over (for the service's RequestWatch).
   grpc::ServerContext* context() { return &ctx_; }
@@ -107,7 +108,8 @@ class WatchReactor : public Watcher {
   void Init(WatchSpec spec,
             std::vector<std::pair<v1::WatchEvent::Type, ObjectRef>> initial) override;
   const WatchSpec& spec() const override { return spec_; }
-  void Deliver(const Delivery& delivery) override;
+  bool Deliver(const Delivery& delivery) override;
+  bool HasRoom() const override;
   void Flush() override;
   void Bookmark(int64_t revision) override;
   void Sweep(absl::Time now) override;
@@ -120,13 +122,13 @@ class WatchReactor : public Watcher {
   // A completion of one of the call's operations: runs `on(ok)` on the reactor.
   class Tag final : public WatchCache::Completion {
    public:
-    Tag(WatchReactor* reactor, void (WatchReactor::*on)(bool)) : reactor_(reactor), on_(on) {}
+    Tag(WatchCall* reactor, void (WatchCall::*on)(bool)) : reactor_(reactor), on_(on) {}
     void Complete(bool ok) override { (reactor_->*on_)(ok); }
     void* get() { return AsTag(); }
 
    private:
-    WatchReactor* const reactor_;
-    void (WatchReactor::*const on_)(bool);
+    WatchCall* const reactor_;
+    void (WatchCall::*const on_)(bool);
   };
 
   // Reactions to the completions.
@@ -143,13 +145,12 @@ class WatchReactor : public Watcher {
   void Unref();
 
   void RequestFinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops every event waiting (the stream is ending without them); `done`: the stream is over,
-  // and the message in flight is released too.
-  void ClearLocked(bool done = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Ends the watch as too slow if it is past its bound and its client has stopped reading.
+  // Drops every event waiting (the stream is ending without them).
+  void ClearLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the watch as too slow if it is full and its client has stopped reading.
   void CheckStalledLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Keeps the WatchCache's backlog in step with live_bytes_.
-  void UpdateBacklogLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the queue holds at least 1/divisor of its bound (HasRoom asks with 2).
+  bool FullLocked(size_t divisor = 1) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Decides what to start next; the caller starts it with Act after releasing mu_.
   Action NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts the gRPC operation decided (Write or Finish). Never under mu_.
@@ -174,18 +175,18 @@ class WatchReactor : public Watcher {
   grpc::ServerContext ctx_;
   grpc::ByteBuffer request_;
   grpc::ServerAsyncWriter<grpc::ByteBuffer> writer_;
-  Tag accepted_{this, &WatchReactor::OnAccepted};
-  Tag metadata_sent_{this, &WatchReactor::OnMetadataSent};
-  Tag write_done_{this, &WatchReactor::OnWriteDone};
-  Tag finished_tag_{this, &WatchReactor::OnFinished};
-  Tag done_{this, &WatchReactor::OnDone};
+  Tag accepted_{this, &WatchCall::OnAccepted};
+  Tag metadata_sent_{this, &WatchCall::OnMetadataSent};
+  Tag write_done_{this, &WatchCall::OnWriteDone};
+  Tag finished_tag_{this, &WatchCall::OnFinished};
+  Tag done_{this, &WatchCall::OnDone};
   std::atomic<int> refs_{2};  // the starter's and the done notification's
 
   // Set before Begin (batch_) or once by Init, before registration (spec_); read-only afterwards.
   bool batch_ = false;
   WatchSpec spec_;
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::deque<std::pair<v1::WatchEvent::Type, ObjectRef>> initial_ ABSL_GUARDED_BY(mu_);
   // What waits to be sent: bare WatchEvents, or (for a watcher that asked for batches) runs of
   // batch elements, each one slice of an EventChunks chunk.
@@ -197,12 +198,9 @@ class WatchReactor : public Watcher {
   std::deque<Pending> live_ ABSL_GUARDED_BY(mu_);
   size_t live_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   size_t live_events_ ABSL_GUARDED_BY(mu_) = 0;
-  // The bytes of the message in flight (also part of the backlog until its write completes).
-  size_t writing_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  // live_bytes_ + writing_bytes_, as last added to the cache's backlog.
-  size_t backlog_ ABSL_GUARDED_BY(mu_) = 0;
-  // Past its bound: Sweep looks at this watcher (read without the lock).
-  std::atomic<bool> over_bound_{false};
+  // It refused an event since its queue last drained to half: Sweep looks at this watcher (read
+  // without the lock).
+  std::atomic<bool> full_{false};
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time write_started_ ABSL_GUARDED_BY(mu_);
   // Begin or Reject has been called: until then nothing is sent (the starter sends first).
@@ -219,4 +217,4 @@ class WatchReactor : public Watcher {
 
 }  // namespace shardcache
 
-#endif  // SHARDCACHE_CACHE_SERVER_WATCH_REACTOR_H_
+#endif  // SHARDCACHE_CACHE_SERVER_WATCH_CALL_H_

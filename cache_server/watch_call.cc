@@ -1,4 +1,4 @@
-#include "cache_server/watch_reactor.h"
+#include "cache_server/watch_call.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
@@ -16,9 +16,8 @@ grpc::Slice StoreIdSuffix(const std::string& store_id) {
 
 }  // namespace
 
-WatchReactor::WatchReactor(WatchCache* cache, StoreMetrics* metrics, size_t max_pending_events,
-                           const std::string& store_id, int dispatcher,
-                           AcceptedCallback on_accepted)
+WatchCall::WatchCall(WatchCache* cache, StoreMetrics* metrics, size_t max_pending_events,
+                     const std::string& store_id, int dispatcher, AcceptedCallback on_accepted)
     : cache_(cache),
       metrics_(metrics),
       max_pending_events_(max_pending_events),
@@ -33,12 +32,12 @@ WatchReactor::WatchReactor(WatchCache* cache, StoreMetrics* metrics, size_t max_
   ctx_.AsyncNotifyWhenDone(done_.get());
 }
 
-void WatchReactor::SendInitialMetadata() {
+void WatchCall::SendInitialMetadata() {
   Ref();
   writer_.SendInitialMetadata(metadata_sent_.get());
 }
 
-void WatchReactor::Begin() {
+void WatchCall::Begin() {
   Action a;
   {
     absl::MutexLock l(&mu_);
@@ -49,7 +48,7 @@ void WatchReactor::Begin() {
   Unref();
 }
 
-void WatchReactor::Reject(const grpc::Status& status) {
+void WatchCall::Reject(const grpc::Status& status) {
   {
     absl::MutexLock l(&mu_);
     // The initial events of a watcher that could not be registered are not sent.
@@ -60,17 +59,23 @@ void WatchReactor::Reject(const grpc::Status& status) {
   Begin();
 }
 
-void WatchReactor::Init(WatchSpec spec,
-                        std::vector<std::pair<v1::WatchEvent::Type, ObjectRef>> initial) {
+void WatchCall::Init(WatchSpec spec,
+                     std::vector<std::pair<v1::WatchEvent::Type, ObjectRef>> initial) {
   spec_ = std::move(spec);
   absl::MutexLock l(&mu_);
   if (finish_requested_) return;  // cancelled already
   for (auto& item : initial) initial_.push_back(std::move(item));
 }
 
-void WatchReactor::Deliver(const Delivery& delivery) {
+bool WatchCall::Deliver(const Delivery& delivery) {
   absl::MutexLock l(&mu_);
-  if (finish_requested_) return;
+  if (finish_requested_) return true;  // ending: dropped
+  if (FullLocked()) {
+    // Parked by the fan-out: it catches this watcher up from the history once it has room.
+    full_.store(true, std::memory_order_relaxed);
+    CheckStalledLocked(clock_->Now());
+    return false;
+  }
   if (!batch_) {
     live_.push_back(Pending{delivery.encoded, 1, false});
     live_bytes_ += delivery.encoded.size();
@@ -84,11 +89,20 @@ void WatchReactor::Deliver(const Delivery& delivery) {
     live_bytes_ += delivery.element.size();
   }
   ++live_events_;
-  UpdateBacklogLocked();
-  if (over_bound_.load(std::memory_order_relaxed)) CheckStalledLocked(clock_->Now());
+  return true;
 }
 
-void WatchReactor::Flush() {
+bool WatchCall::HasRoom() const {
+  absl::MutexLock l(&mu_);
+  return finish_requested_ || !FullLocked(2);
+}
+
+bool WatchCall::FullLocked(size_t divisor) const {
+  return live_bytes_ >= max_queue_bytes_ / divisor ||
+         (max_pending_events_ > 0 && live_events_ >= max_pending_events_ / divisor);
+}
+
+void WatchCall::Flush() {
   Action a;
   {
     absl::MutexLock l(&mu_);
@@ -97,7 +111,7 @@ void WatchReactor::Flush() {
   Act(a);
 }
 
-void WatchReactor::Bookmark(int64_t revision) {
+void WatchCall::Bookmark(int64_t revision) {
   Action a;
   {
     absl::MutexLock l(&mu_);
@@ -113,8 +127,8 @@ void WatchReactor::Bookmark(int64_t revision) {
   Act(a);
 }
 
-void WatchReactor::Sweep(absl::Time now) {
-  if (!over_bound_.load(std::memory_order_relaxed)) return;
+void WatchCall::Sweep(absl::Time now) {
+  if (!full_.load(std::memory_order_relaxed)) return;
   Action a;
   {
     absl::MutexLock l(&mu_);
@@ -124,7 +138,7 @@ void WatchReactor::Sweep(absl::Time now) {
   Act(a);
 }
 
-void WatchReactor::End(const absl::Status& status) {
+void WatchCall::End(const absl::Status& status) {
   Action a;
   {
     absl::MutexLock l(&mu_);
@@ -136,7 +150,7 @@ void WatchReactor::End(const absl::Status& status) {
   Act(a);
 }
 
-void WatchReactor::OnAccepted(bool ok) {
+void WatchCall::OnAccepted(bool ok) {
   if (!ok) {
     // The server is shutting down: no call came, and none of the other tags will complete.
     delete this;
@@ -148,15 +162,14 @@ void WatchReactor::OnAccepted(bool ok) {
   start(this);
 }
 
-void WatchReactor::OnMetadataSent(bool /*ok*/) { Unref(); }
+void WatchCall::OnMetadataSent(bool /*ok*/) { Unref(); }
 
-void WatchReactor::OnWriteDone(bool ok) {
+void WatchCall::OnWriteDone(bool ok) {
   Action a;
   {
     absl::MutexLock l(&mu_);
     writing_ = false;
-    writing_bytes_ = 0;
-    UpdateBacklogLocked();
+    if (!FullLocked(2)) full_.store(false, std::memory_order_relaxed);
     if (!ok) {
       ClearLocked();
       RequestFinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "the stream broke"));
@@ -167,9 +180,9 @@ void WatchReactor::OnWriteDone(bool ok) {
   Unref();
 }
 
-void WatchReactor::OnFinished(bool /*ok*/) { Unref(); }
+void WatchCall::OnFinished(bool /*ok*/) { Unref(); }
 
-void WatchReactor::OnDone(bool /*ok*/) {
+void WatchCall::OnDone(bool /*ok*/) {
   Action a;
   {
     absl::MutexLock l(&mu_);
@@ -186,13 +199,13 @@ void WatchReactor::OnDone(bool /*ok*/) {
   Unref();
 }
 
-void WatchReactor::Unref() {
+void WatchCall::Unref() {
   if (refs_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
   // Nothing of the call is in flight any more; after Unregister no dispatcher calls in either.
   cache_->Unregister(this);
   {
     absl::MutexLock l(&mu_);
-    ClearLocked(/*done=*/true);
+    ClearLocked();
     metrics_->ObserveRequest(
         "Watch",
         absl::StatusCodeToString(static_cast<absl::StatusCode>(final_status_.error_code())), -1);
@@ -200,39 +213,25 @@ void WatchReactor::Unref() {
   delete this;
 }
 
-void WatchReactor::RequestFinishLocked(const grpc::Status& status) {
+void WatchCall::RequestFinishLocked(const grpc::Status& status) {
   if (finish_requested_) return;
   finish_requested_ = true;
   final_status_ = status;
 }
 
-void WatchReactor::ClearLocked(bool done) {
+void WatchCall::ClearLocked() {
   live_.clear();
   initial_.clear();
   live_bytes_ = 0;
   live_events_ = 0;
-  if (done) writing_bytes_ = 0;
-  UpdateBacklogLocked();
 }
 
-void WatchReactor::UpdateBacklogLocked() {
-  size_t held = live_bytes_ + writing_bytes_;
-  if (held != backlog_) {
-    cache_->AddBacklog(static_cast<int64_t>(held) - static_cast<int64_t>(backlog_));
-    backlog_ = held;
-  }
-  over_bound_.store(live_bytes_ > max_queue_bytes_ ||
-                        (max_pending_events_ > 0 && live_events_ > max_pending_events_),
-                    std::memory_order_relaxed);
-}
-
-void WatchReactor::CheckStalledLocked(absl::Time now) {
-  if (finish_requested_ || !over_bound_.load(std::memory_order_relaxed)) return;
+void WatchCall::CheckStalledLocked(absl::Time now) {
+  if (finish_requested_ || !full_.load(std::memory_order_relaxed)) return;
   if (!writing_ || now - write_started_ < stall_timeout_) return;
   size_t bytes = live_bytes_, events = live_events_;
-  // Its message in flight stays with gRPC until the client reads or goes away, but no longer
-  // holds the writers back.
-  ClearLocked(/*done=*/true);
+  // Its message in flight stays with gRPC until the client reads or goes away.
+  ClearLocked();
   metrics_->watchers_too_slow.Increment();
   RequestFinishLocked(
       grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
@@ -243,7 +242,7 @@ void WatchReactor::CheckStalledLocked(absl::Time now) {
                                 "resourceVersion received, or list again")));
 }
 
-WatchReactor::Action WatchReactor::NextLocked() {
+WatchCall::Action WatchCall::NextLocked() {
   if (!started_ || writing_ || finished_) return Action::kNone;
   if (initial_.empty() && live_.empty()) {
     if (!finish_requested_) return Action::kNone;
@@ -271,8 +270,6 @@ WatchReactor::Action WatchReactor::NextLocked() {
     bytes += parts.back().bytes.size();
     events += parts.back().events;
   }
-  writing_bytes_ = bytes;
-  UpdateBacklogLocked();
 
   // One event goes out as itself; several as the elements of one WatchEvent.
   std::vector<grpc::Slice> slices;
@@ -294,7 +291,7 @@ WatchReactor::Action WatchReactor::NextLocked() {
   return Action::kWrite;
 }
 
-void WatchReactor::Act(Action action) {
+void WatchCall::Act(Action action) {
   switch (action) {
     case Action::kWrite:
       // On a dispatcher, the connection holds the message until the end of the pass.
