@@ -227,6 +227,7 @@ type sample struct {
 	at         time.Time
 	deliveries int64
 	messages   int64
+	bookmarks  int64
 	clientCPU  float64
 	serverCPU  float64
 	threads    map[string]threadSample
@@ -237,6 +238,7 @@ func takeSample(ws []*watcher, serverPid string) sample {
 	for _, w := range ws {
 		s.deliveries += w.events.Load()
 		s.messages += w.messages.Load()
+		s.bookmarks += w.bookmarks.Load()
 	}
 	s.clientCPU, _ = procCPUSeconds("self")
 	if serverPid != "" {
@@ -536,8 +538,9 @@ func runBench(t target, run string) int {
 	res.add("delivery_max_ms", "delivery latency max ms", ms(lat.max), "%.2f")
 	msgs := s2.messages - s0.messages
 	if msgs > 0 {
-		res.add("events_per_message", "events per message", float64(delivered)/float64(msgs), "%.2f")
+		res.add("events_per_message", "events per message (messages with events)", float64(delivered)/float64(msgs), "%.2f")
 	}
+	res.add("bookmarks_per_s", "bookmark messages /s", float64(s2.bookmarks-s0.bookmarks)/whole, "%.0f")
 	res.add("watchers_errored", "watchers ended with an error", float64(errored), "%.0f")
 	res.add("watchers_late_1s", "watchers ever more than 1 s behind", float64(late1s), "%.0f")
 	res.add("watchers_late_100ms", "watchers ever more than 100 ms behind", float64(late100ms), "%.0f")

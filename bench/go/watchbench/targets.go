@@ -88,6 +88,8 @@ func (t *cacheTarget) watch(ctx context.Context, conn *grpc.ClientConn, w *watch
 				if !inPlace && obj.GetMetadata().GetAnnotations()[initialEventsEnd] == "true" {
 					inPlace = true
 					ready()
+				} else {
+					w.bookmark()
 				}
 				continue
 			case storev1.WatchEvent_ADDED, storev1.WatchEvent_MODIFIED:

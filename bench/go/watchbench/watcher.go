@@ -13,12 +13,14 @@ type watcher struct {
 	resource int
 	conn     int
 
-	events   atomic.Int64 // deliveries of this run's writes, duplicates included
-	distinct atomic.Int64 // distinct writes delivered
-	messages atomic.Int64 // messages that carried at least one event
-	done     atomic.Bool  // the stream has ended
+	events    atomic.Int64 // deliveries of this run's writes, duplicates included
+	distinct  atomic.Int64 // distinct writes delivered
+	messages  atomic.Int64 // messages that carried at least one of this run's writes
+	bookmarks atomic.Int64 // bookmarks received (cache_server), initial-events-end excluded
+	done      atomic.Bool  // the stream has ended
 
 	mu           sync.Mutex
+	msgHasEvent  bool
 	seen         []bool // by seq (writes of one resource are numbered 1, 2, ...)
 	lastRev      int64
 	duplicates   int64
@@ -33,15 +35,23 @@ type watcher struct {
 
 func (w *watcher) beginMessage() {
 	w.mu.Lock()
-	w.messages.Add(1)
+	w.msgHasEvent = false
 }
 
-func (w *watcher) endMessage() { w.mu.Unlock() }
+func (w *watcher) endMessage() {
+	if w.msgHasEvent {
+		w.messages.Add(1)
+	}
+	w.mu.Unlock()
+}
+
+func (w *watcher) bookmark() { w.bookmarks.Add(1) }
 
 // observe records one delivered write: seq, its send time and revision, and the receive time.
 // Called between beginMessage and endMessage.
 func (w *watcher) observe(seq, sentNanos, rev, nowNanos int64) {
 	w.events.Add(1)
+	w.msgHasEvent = true
 	if rev <= w.lastRev {
 		w.outOfOrder++
 	} else {
