@@ -105,6 +105,9 @@ func summarize(files []string) int {
 		}
 		mean := sum / float64(n)
 		text := fmt.Sprintf(m.Format, mean)
+		if m.Format == "%.0f" && mean != float64(int64(mean)) && mean < 100 {
+			text = fmt.Sprintf("%.1f", mean) // a count that differs between rounds: 0.5, not 0
+		}
 		if len(runs) > 1 {
 			text += " (" + strings.Join(vals, " / ") + ")"
 		}
