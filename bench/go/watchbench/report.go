@@ -91,8 +91,10 @@ func summarize(files []string) int {
 		var sum float64
 		var vals []string
 		n := 0
+		allIntegers := true
 		for _, r := range runs {
 			if v, ok := value(r, m.Key); ok {
+				allIntegers = allIntegers && v == float64(int64(v))
 				sum += v
 				n++
 				vals = append(vals, fmt.Sprintf(m.Format, v))
@@ -105,7 +107,7 @@ func summarize(files []string) int {
 		}
 		mean := sum / float64(n)
 		text := fmt.Sprintf(m.Format, mean)
-		if m.Format == "%.0f" && mean != float64(int64(mean)) && mean < 100 {
+		if m.Format == "%.0f" && allIntegers && mean != float64(int64(mean)) && mean < 100 {
 			text = fmt.Sprintf("%.1f", mean) // a count that differs between rounds: 0.5, not 0
 		}
 		if len(runs) > 1 {
