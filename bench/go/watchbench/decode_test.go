@@ -1,0 +1,91 @@
+package main
+
+// The client's cost to decode one watch event of each server, as grpc-go's codec does it
+// (proto.Unmarshal of the whole message), for a message of 1 event and of 40 (cache_server's
+// batches when a watcher is behind; etcd puts the events of one revision range in one response).
+//
+//	GO111MODULE=off GOPATH=build-gowatch/gopath:/usr/share/gocode go test -bench=Decode -benchmem
+
+import (
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/golang/protobuf/proto"
+	structpb "github.com/golang/protobuf/ptypes/struct"
+	timestamppb "github.com/golang/protobuf/ptypes/timestamp"
+	"go.etcd.io/etcd/etcdserver/etcdserverpb"
+	"go.etcd.io/etcd/mvcc/mvccpb"
+
+	storev1 "shardcache/gen/storev1"
+)
+
+// cacheEvent is an ADDED event as cache_server sends one of watchbench's objects.
+func cacheEvent(seq int64, value string) *storev1.WatchEvent {
+	return &storev1.WatchEvent{
+		Type: storev1.WatchEvent_ADDED,
+		Object: &storev1.Object{
+			Metadata: &storev1.ObjectMeta{
+				Cluster: "bench-r1764928000-abcdef", Namespace: "default", Name: objectName(seq),
+				Uid:               "0f8fad5b-d9cb-469f-a165-70867728950e",
+				ResourceVersion:   strconv.FormatInt(1000+seq, 10),
+				Generation:        1,
+				CreationTimestamp: &timestamppb.Timestamp{Seconds: 1764928000, Nanos: 123456789},
+			},
+			Spec: &structpb.Struct{Fields: map[string]*structpb.Value{
+				"seq":   {Kind: &structpb.Value_StringValue{StringValue: strconv.FormatInt(seq, 10)}},
+				"sent":  {Kind: &structpb.Value_StringValue{StringValue: "12345678901234"}},
+				"value": {Kind: &structpb.Value_StringValue{StringValue: value}},
+			}},
+		},
+	}
+}
+
+func etcdEvent(seq int64, value string) *mvccpb.Event {
+	t := &etcdTarget{run: "r1764928000-abcdef"}
+	return &mvccpb.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{
+		Key:   []byte(t.prefix(0) + objectName(seq)),
+		Value: etcdValue(seq, 12345678901234, value), CreateRevision: 1000 + seq, ModRevision: 1000 + seq, Version: 1,
+	}}
+}
+
+func benchDecode(b *testing.B, data []byte, fresh func() proto.Message, events int) {
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	start := time.Now()
+	for i := 0; i < b.N; i++ {
+		m := fresh()
+		if err := proto.Unmarshal(data, m); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(time.Since(start).Nanoseconds())/float64(b.N)/float64(events), "ns/event")
+}
+
+func BenchmarkDecode(b *testing.B) {
+	value := randomASCII(1024)
+	for _, n := range []int{1, 40} {
+		var cache *storev1.WatchEvent
+		if n == 1 {
+			cache = cacheEvent(1, value)
+		} else {
+			cache = &storev1.WatchEvent{}
+			for i := 0; i < n; i++ {
+				cache.Events = append(cache.Events, cacheEvent(int64(i+1), value))
+			}
+		}
+		etcd := &etcdserverpb.WatchResponse{Header: &etcdserverpb.ResponseHeader{ClusterId: 1, MemberId: 2, Revision: 1000, RaftTerm: 2}}
+		for i := 0; i < n; i++ {
+			etcd.Events = append(etcd.Events, etcdEvent(int64(i+1), value))
+		}
+		cacheBytes, _ := proto.Marshal(cache)
+		etcdBytes, _ := proto.Marshal(etcd)
+		b.Run(fmt.Sprintf("cache_server/%d", n), func(b *testing.B) {
+			benchDecode(b, cacheBytes, func() proto.Message { return &storev1.WatchEvent{} }, n)
+		})
+		b.Run(fmt.Sprintf("etcd/%d", n), func(b *testing.B) {
+			benchDecode(b, etcdBytes, func() proto.Message { return &etcdserverpb.WatchResponse{} }, n)
+		})
+	}
+}
