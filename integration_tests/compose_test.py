@@ -829,8 +829,8 @@ def step_failover(d):
     figure("takeover after docker stop", "%.1f s (docker stop itself took %.1f s; the retry "
            "period is %.0f s), epoch %s" % (seconds, command_seconds, RETRY_PERIOD,
                                             lease.get("leaseTransitions")))
-    figure("replication after docker stop", "a new object's copy was in the cache %.1f s after its Create returned" % (
-        create_and_wait(d, "SHARD", "a", "gadget-4")))
+    figure("replication after docker stop", "a new object's copy was in the cache %.1f s after "
+           "its Create returned" % create_and_wait(d, "SHARD", "a", "gadget-4"))
 
     seconds, command_seconds, lease, state = takeover(d, "kill")
     # The killed leader renewed its lease at most a retry period before it died: the lease
@@ -840,8 +840,8 @@ def step_failover(d):
                       "(%.0f s) could expire" % (seconds, LEASE_DURATION))
     figure("takeover after docker kill", "%.1f s (lease %.0f s), epoch %s; the killed container "
            "is %s" % (seconds, LEASE_DURATION, lease.get("leaseTransitions"), state))
-    figure("replication after docker kill", "a new object's copy was in the cache %.1f s after its Create returned" % (
-        create_and_wait(d, "SHARD", "a", "gadget-5")))
+    figure("replication after docker kill", "a new object's copy was in the cache %.1f s after "
+           "its Create returned" % create_and_wait(d, "SHARD", "a", "gadget-5"))
 
 
 def create_and_wait(d, shard_address, shard, name):
