@@ -1,23 +1,61 @@
 # shardcache images: a build stage that compiles the binaries with CMake, and a slim runtime
 # stage with only the shared libraries they need. Both start from Debian 12 (bookworm).
 #
-#   docker-compose up --build        # see docker-compose.yml
-#   docker build -t shardcache .     # the image alone; JOBS=N limits the build's parallelism
+#   docker-compose up --build -d     # see docker-compose.yml (SHARDCACHE_BUILD_JOBS: JOBS below)
+#   docker build -t shardcache .     # the image alone
+#
+# Build arguments: JOBS=N limits the compile's parallelism (default: every core); GIT_COMMIT
+# names the commit that --version reports, for a build outside a git checkout (by default it is
+# read from the checkout's .git, of which .dockerignore lets in HEAD and the refs only).
+
+# The commit the sources come from, in a file of its own: a stage that the refs alone change, and
+# whose output the build stage copies, so that an unchanged commit keeps the compile cached.
+FROM debian:bookworm-slim AS commit
+ARG GIT_COMMIT=
+# CMakeLists.txt is there so that the COPY has a source when .git is absent (not a checkout).
+COPY CMakeLists.txt .gi[t] /git/
+# HEAD names a branch ("ref: refs/heads/main", its commit in that file or in packed-refs) or,
+# detached, a commit. Anything else (no .git, a worktree's .git file): "unknown".
+RUN set -eu; cd /git; commit="$GIT_COMMIT"; \
+    if [ -z "$commit" ] && [ -f HEAD ]; then \
+      head="$(cat HEAD)"; \
+      case "$head" in \
+        "ref: "*) ref="${head#ref: }"; \
+                  if [ -f "$ref" ]; then commit="$(cat "$ref")"; \
+                  elif [ -f packed-refs ]; then \
+                    commit="$(awk -v r="$ref" '$2 == r { print $1 }' packed-refs)"; fi ;; \
+        *) commit="$head" ;; \
+      esac; \
+      case "$commit" in *[!0-9a-f]*|"") commit="" ;; *) commit="$(echo "$commit" | cut -c1-12)" ;; esac; \
+    fi; \
+    echo "${commit:-unknown}" > /commit; echo "commit: $(cat /commit)"
 
 FROM debian:bookworm-slim AS build
-ARG JOBS=
 WORKDIR /src
 # The build dependencies only (no test packages), from the list that scripts/build.sh uses.
 # Copied on its own so that this layer is rebuilt only when the list changes.
 COPY scripts/deps.sh scripts/deps.sh
 RUN bash scripts/deps.sh --build && rm -rf /var/lib/apt/lists/*
-COPY . .
-# Builds only the two programs: without the tests, GoogleTest is not needed.
+# Only what building the two programs reads (CMake with SHARDCACHE_BUILD_TESTS=OFF adds no other
+# folder), so that editing the tests, the scripts or the documentation keeps the compile cached.
+COPY CMakeLists.txt ./
+COPY proto proto
+COPY common common
+COPY cache_server cache_server
+COPY shard_replicator shard_replicator
+COPY --from=commit /commit /commit
+# Declared here, not above: a build argument's value is part of the cache key of every RUN after
+# it, and JOBS must not make the dependencies' layer install again.
+ARG JOBS=
+# Builds only the two programs: without the tests, GoogleTest is not needed. The build tree is
+# removed in the same step, so that the layer holds the sources and the two binaries only.
 RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSHARDCACHE_BUILD_TESTS=OFF \
+      -DSHARDCACHE_GIT_COMMIT="$(cat /commit)" \
  && cmake --build build -j"${JOBS:-$(nproc)}" --target cache_server shard_replicator \
  && mkdir -p /out \
  && cp build/cache_server/cache_server build/shard_replicator/shard_replicator /out/ \
- && strip /out/*
+ && strip /out/* \
+ && rm -rf build
 
 FROM debian:bookworm-slim AS runtime
 # Runtime libraries of gRPC 1.51, Protobuf 3.21, abseil, spdlog, prometheus-cpp, cpp-httplib and

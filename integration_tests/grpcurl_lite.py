@@ -202,9 +202,10 @@ def message_to_json(message, emit_defaults=False, resolve=None):
     and uint64 as strings, enums by name, map keys (and so Struct keys) sorted, bytes in base64,
     floats as Go's encoding/json writes them (3, not 3.0), strings escaped as Go escapes them
     (<, >, & and U+2028/U+2029 as \\u escapes, other non-ASCII text as is). A
-    google.protobuf.Any is printed as grpcurl's resolver does: {"@type": URL, then the fields of
-    the message}, where resolve(full_name) gives the message's descriptor (Client.find_message),
-    else {"@type", "@error", "@value": the bytes in base64}.
+    google.protobuf.Any is printed as grpcurl's resolver does: {"@type": URL and the fields of
+    the message, with these keys sorted (as Go's encoding/json writes a map)}, where
+    resolve(full_name) gives the message's descriptor (Client.find_message), else {"@type",
+    "@error", "@value": the bytes in base64}.
     """
     return _go_json(_message_value(message, emit_defaults, resolve))
 
@@ -277,9 +278,12 @@ def _any_value(message, emit_defaults, resolve):
                 "@value": base64.b64encode(message.value).decode("ascii")}
     inner = message_factory_class(desc)()
     inner.ParseFromString(message.value)
-    value = {"@type": message.type_url}
-    value.update(_message_value(inner, emit_defaults, resolve))
-    return value
+    value = _message_value(inner, emit_defaults, resolve)
+    value["@type"] = message.type_url
+    # jsonpb adds "@type" by decoding the message's JSON into a Go map and encoding it again,
+    # and Go's encoding/json writes a map's keys sorted: "@type", then the fields by name (only
+    # at this level: the fields' values are kept as they were written).
+    return {k: value[k] for k in sorted(value)}
 
 
 def message_factory_class(desc):

@@ -475,13 +475,13 @@ leader holds the shard)
   Details:
   1)\t{
     \t  "@type": "type.googleapis.com/google.rpc.ErrorInfo",
-    \t  "reason": "FENCED",
     \t  "domain": "shardcache.io",
     \t  "metadata": {
     \t    "epoch": "3",
     \t    "requestEpoch": "2",
     \t    "shard": "fence-test"
-    \t  }
+    \t  },
+    \t  "reason": "FENCED"
     \t}
 """)
         # A Write stream answers a fenced write with the same details in the answer.
@@ -503,13 +503,13 @@ leader holds the shard)
   "details": [
     {
       "@type": "type.googleapis.com/google.rpc.ErrorInfo",
-      "reason": "FENCED",
       "domain": "shardcache.io",
       "metadata": {
         "epoch": "3",
         "requestEpoch": "1",
         "shard": "fence-test"
-      }
+      },
+      "reason": "FENCED"
     }
   ]
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages that building, running and testing shardcache need (clang, its
-# sanitizer runtimes and llvm's symbolizer are for scripts/check.sh's builds).
+# sanitizer runtimes and llvm's symbolizer are for scripts/check.sh's builds; Docker's engine,
+# docker-compose 1.29 and debootstrap for integration_tests/compose_test.py).
 #
 #   scripts/deps.sh           everything: building, the tests, the sanitizer builds
 #   scripts/deps.sh --build   only what building the two programs needs (cmake
@@ -22,6 +23,7 @@ case "${1:-}" in
       libgtest-dev libgmock-dev libnghttp2-dev
       python3 python3-grpcio python3-protobuf procps prometheus
       clang libclang-rt-14-dev llvm
+      docker.io docker-compose debootstrap
     )
     ;;
   *)
