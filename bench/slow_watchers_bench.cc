@@ -7,20 +7,24 @@
 //
 // Each round starts a cache_server (the build tree's, durable on a fresh data directory) and
 // times --writes creates over one Write stream with --in-flight unanswered, with no watcher;
-// then a second fresh server with --slow watchers that read slowly (half pause 1.5 s then read
-// everything, half read one message every 50 ms), --silent that read nothing, and --readers
+// then a second fresh server with --slow watchers that read slowly (half pause 0.5 s then read
+// everything, half read one message every 5 ms), --silent that read nothing, and --readers
 // that read everything, each watcher on a connection of its own without BDP probing
 // (common/testing/watch_load.h), and times the same burst. It reports both times and their
 // ratio, how each kind of watcher ended (all events, OUT_OF_RANGE, RESOURCE_EXHAUSTED), and the
 // server's peak RSS and CPU. Every call has a deadline; the tool always ends.
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -152,7 +156,7 @@ int Main(int argc, char** argv) {
   std::printf("# Slow watchers and writers\n\n`%s`\n\n", QuotedCommandLine(argc, argv).c_str());
   std::printf(
       "%d creates of %d bytes, one Write stream, %d in flight; watchers: %d slow (half "
-      "pause 1.5 s, half read one message every 50 ms), %d silent, %d reading "
+      "pause 1.5 s, half read one message every 5 ms), %d silent, %d reading "
       "everything. Load average at start: %s.\n\n",
       absl::GetFlag(FLAGS_writes), absl::GetFlag(FLAGS_object_bytes),
       absl::GetFlag(FLAGS_in_flight), absl::GetFlag(FLAGS_slow), absl::GetFlag(FLAGS_silent),

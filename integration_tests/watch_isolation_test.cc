@@ -86,13 +86,16 @@ class WatchIsolationTest : public StoreFixture {
   double Metric(const std::string& name) { return testing::Metric(server_->http_port(), name); }
 };
 
-// 200 watchers that read slowly (100 that pause and then catch up, 100 that crawl and fall out of
-// the history window), 20 that read nothing and 2 that read everything, while 20,000 writes of
-// 1 KiB go through one Write stream with 1,000 in flight: every write is acknowledged; the readers
-// and the pausers get every event in order; the crawlers a gapless prefix and then OUT_OF_RANGE;
-// the silent ones RESOURCE_EXHAUSTED; the server's memory stays bounded.
+// 200 watchers that read slowly (100 that pause 0.5 s, 100 that read one message every 5 ms
+// until the writes are done), 20 that read nothing and 2 that read everything, while 20,000
+// writes of 1 KiB go through one Write stream with 1,000 in flight: every write is acknowledged;
+// the readers get every event in order; the slow ones are parked and, the history window (30,000
+// events) holding what they need, caught up: every event, in order, no gap, no duplicate; the
+// silent ones end RESOURCE_EXHAUSTED; the server's memory stays bounded. (Falling out of the
+// window, OUT_OF_RANGE, is StoppedClientProcess_... below.)
 TEST_F(WatchIsolationTest, SlowAndSilentWatchers_HoldNoWriterBack_EachEndsAsItsPaceDeserves) {
-  StartServer({"--watch-queue-bytes=131072", "--watch-stall-timeout=3s", "--bookmark-interval=1s"});
+  StartServer({"--history-events=30000", "--watch-queue-bytes=131072", "--watch-stall-timeout=3s",
+               "--bookmark-interval=1s"});
   const int64_t from = MustCreate(Obj("start", 10));
   constexpr int kWrites = 20000;
   constexpr int kPausers = 100, kCrawlers = 100, kSilent = 20;
@@ -149,7 +152,8 @@ TEST_F(WatchIsolationTest, SlowAndSilentWatchers_HoldNoWriterBack_EachEndsAsItsP
       PacedWatch& w = *(*group)[i];
       ASSERT_TRUE(Eventually([&] { return w.received() >= static_cast<size_t>(kWrites); },
                              absl::Seconds(90), "a reader or pauser gets every event"))
-          << (group == &readers ? "reader " : "pauser ") << i << " got " << w.received();
+          << (group == &readers ? "reader " : "pauser ") << i << " got " << w.received() << ", "
+          << (w.end().has_value() ? w.end()->error_message() : std::string("still open"));
       std::vector<int64_t> got = w.rvs();
       EXPECT_EQ(got.size(), static_cast<size_t>(kWrites));
       EXPECT_TRUE(Contiguous(got, from + 1));
@@ -166,14 +170,12 @@ TEST_F(WatchIsolationTest, SlowAndSilentWatchers_HoldNoWriterBack_EachEndsAsItsP
   }
   for (size_t i = 0; i < crawlers.size(); ++i) {
     PacedWatch& w = *crawlers[i];
-    ASSERT_TRUE(Eventually([&] { return w.end().has_value(); }, absl::Seconds(60),
-                           "a crawler's watch ends"))
-        << "crawler " << i << " got " << w.received();
-    EXPECT_EQ(w.end()->error_code(), grpc::StatusCode::OUT_OF_RANGE)
-        << "crawler " << i << ": " << w.end()->error_message();
-    EXPECT_THAT(w.end()->error_message(), HasSubstr("too old resource version"));
-    EXPECT_LT(w.received(), static_cast<size_t>(kWrites));
+    ASSERT_TRUE(Eventually([&] { return w.received() >= static_cast<size_t>(kWrites); },
+                           absl::Seconds(90), "a crawler catches up once it reads"))
+        << "crawler " << i << " got " << w.received() << ", "
+        << (w.end().has_value() ? w.end()->error_message() : std::string("still open"));
     EXPECT_TRUE(Contiguous(w.rvs(), from + 1)) << "crawler " << i;
+    EXPECT_FALSE(w.end().has_value());
   }
   for (size_t i = 0; i < silent.size(); ++i) {
     PacedWatch& w = *silent[i];
@@ -186,7 +188,8 @@ TEST_F(WatchIsolationTest, SlowAndSilentWatchers_HoldNoWriterBack_EachEndsAsItsP
     EXPECT_TRUE(Contiguous(w.rvs(), from + 1)) << "silent " << i;
   }
   EXPECT_EQ(Metric("shardcache_store_watchers_too_slow_total"), kSilent);
-  EXPECT_EQ(Metric("shardcache_store_watchers_too_old_total"), kCrawlers);
+  EXPECT_EQ(Metric("shardcache_store_watchers_too_old_total"), 0);
+  EXPECT_GT(Metric("shardcache_store_watch_catch_up_events_total"), 0);
   std::printf("peak RSS of the server: %lld MiB (bound %lld MiB)\n",
               static_cast<long long>(peak_rss_kib / 1024), static_cast<long long>(kRssBoundMiB));
   EXPECT_LE(peak_rss_kib / 1024, kRssBoundMiB);

@@ -64,7 +64,7 @@ void PacedWatch::Run() {
       absl::MutexLock l(&mu_);
       rvs_.push_back(rv);
     }
-    if (pace_ == Pace::kCrawl) hurry_.WaitForNotificationWithTimeout(absl::Milliseconds(50));
+    if (pace_ == Pace::kCrawl) hurry_.WaitForNotificationWithTimeout(absl::Milliseconds(5));
   }
   grpc::Status status = reader_->Finish();
   absl::MutexLock l(&mu_);

@@ -2,7 +2,7 @@
 // (integration_tests/watch_isolation_test.cc) and the benchmark that measures the same load
 // (bench/slow_watchers_bench.cc):
 // - PacedWatch: one Watch stream read by a thread of its own at a chosen pace (everything, a
-//   pause and then everything, one message every 50 ms, or nothing), on a connection of its own
+//   pause and then everything, one message every 5 ms, or nothing), on a connection of its own
 //   without BDP probing, so that a client that does not read stops the server's writes after
 //   about 64 KiB of HTTP/2 window.
 // - WriteCreates: creates over one Write stream with a bounded number of writes unanswered.
@@ -35,10 +35,10 @@ class PacedWatch {
   enum class Pace {
     kAll,     // reads everything at once
     kPause,   // reads nothing for kPause once told to Begin, then everything
-    kCrawl,   // one message every 50 ms until told to Hurry
+    kCrawl,   // one message every 5 ms until told to Hurry
     kSilent,  // nothing until told to Hurry
   };
-  static constexpr absl::Duration kPause = absl::Milliseconds(1500);
+  static constexpr absl::Duration kPause = absl::Milliseconds(500);
 
   // Opens the watch at once; it lives at most `lifetime`.
   PacedWatch(const std::string& target, const v1::WatchRequest& request, Pace pace,
