@@ -156,7 +156,7 @@ int Main(int argc, char** argv) {
   std::printf("# Slow watchers and writers\n\n`%s`\n\n", QuotedCommandLine(argc, argv).c_str());
   std::printf(
       "%d creates of %d bytes, one Write stream, %d in flight; watchers: %d slow (half "
-      "pause 1.5 s, half read one message every 5 ms), %d silent, %d reading "
+      "pause 0.5 s, half read one message every 5 ms), %d silent, %d reading "
       "everything. Load average at start: %s.\n\n",
       absl::GetFlag(FLAGS_writes), absl::GetFlag(FLAGS_object_bytes),
       absl::GetFlag(FLAGS_in_flight), absl::GetFlag(FLAGS_slow), absl::GetFlag(FLAGS_silent),
