@@ -20,17 +20,9 @@ namespace {
 using ::shardcache::testing::FakeHistory;
 using ::shardcache::testing::FakeWatcher;
 using ::shardcache::testing::MakeEvent;
+using ::shardcache::testing::Spec;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-WatchSpec Spec(int64_t start, const std::string& selector = "") {
-  WatchSpec s;
-  s.group_resource = "example.com/widgets";
-  s.version = "v1";
-  s.start_revision = start;
-  s.filter.selector = *LabelSelector::Parse(selector);
-  return s;
-}
 
 // The history and the published events' forms, as the WatchCache keeps them.
 class FakeSource : public FanOut::Source {

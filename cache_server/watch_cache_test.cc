@@ -26,15 +26,7 @@ using ::testing::ElementsAre;
 using ::shardcache::testing::FakeHistory;
 using ::shardcache::testing::FakeWatcher;
 using ::shardcache::testing::MakeEvent;
-
-WatchSpec Spec(int64_t start, const std::string& selector = "") {
-  WatchSpec s;
-  s.group_resource = "example.com/widgets";
-  s.version = "v1";
-  s.start_revision = start;
-  s.filter.selector = *LabelSelector::Parse(selector);
-  return s;
-}
+using ::shardcache::testing::Spec;
 
 class WatchCacheTest : public ::testing::Test {
  protected:

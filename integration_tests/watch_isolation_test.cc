@@ -40,15 +40,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-v1::Object Obj(const std::string& name, size_t payload_bytes) {
-  v1::Object o;
-  o.mutable_metadata()->set_cluster("c1");
-  o.mutable_metadata()->set_namespace_("ns1");
-  o.mutable_metadata()->set_name(name);
-  (*o.mutable_spec()->mutable_fields())["data"].set_string_value(std::string(payload_bytes, 'x'));
-  return o;
-}
-
 // Whether `rvs` is exactly first, first+1, first+2, ... (no gap, no duplicate, in order).
 ::testing::AssertionResult Contiguous(const std::vector<int64_t>& rvs, int64_t first) {
   for (size_t i = 0; i < rvs.size(); ++i) {
@@ -65,13 +56,6 @@ v1::Object Obj(const std::string& name, size_t payload_bytes) {
 class WatchIsolationTest : public StoreFixture {
  protected:
   const v1::GroupVersionResource widgets_ = Gvr("example.com", "v1", "widgets");
-
-  int64_t MustCreate(const v1::Object& o) {
-    v1::Object out;
-    grpc::Status s = Create(widgets_, o, &out);
-    EXPECT_TRUE(Ok(s)) << "create " << o.metadata().name();
-    return s.ok() ? Rv(out) : -1;
-  }
 
   // Creates `n` objects of 1 KiB named prefix0.. over one Write stream with at most `window`
   // unanswered; returns the resourceVersions of those acknowledged (a failed write fails the
@@ -96,7 +80,9 @@ class WatchIsolationTest : public StoreFixture {
 TEST_F(WatchIsolationTest, SlowAndSilentWatchers_HoldNoWriterBack_EachEndsAsItsPaceDeserves) {
   StartServer({"--history-events=30000", "--watch-queue-bytes=131072", "--watch-stall-timeout=3s",
                "--bookmark-interval=1s"});
-  const int64_t from = MustCreate(Obj("start", 10));
+  const std::vector<int64_t> first = Write("start", 1, 1);
+  ASSERT_EQ(first.size(), 1u);
+  const int64_t from = first[0];
   constexpr int kWrites = 20000;
   constexpr int kPausers = 100, kCrawlers = 100, kSilent = 20;
   // The state on disk and in memory: 20,000 objects of 1 KiB, their history window, the
@@ -268,7 +254,9 @@ TEST_F(WatchIsolationTest,
        StoppedClientProcess_WritesGoOn_ItCatchesUpWithinTheWindow_ElseOutOfRange) {
   StartServer({"--history-events=1000", "--watch-queue-bytes=16384", "--watch-stall-timeout=150s",
                "--bookmark-interval=500ms"});
-  const int64_t from = MustCreate(Obj("start", 10));
+  const std::vector<int64_t> start = Write("start", 1, 1);
+  ASSERT_EQ(start.size(), 1u);
+  const int64_t from = start[0];
   WatchClientProcess client(server_->grpc_address(),
                             {"example.com", "v1", "widgets", absl::StrCat(from)});
   ASSERT_GT(client.pid(), 0);

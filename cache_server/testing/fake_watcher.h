@@ -148,6 +148,16 @@ class FakeHistory : public EventHistory {
   mutable size_t reads_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// A watch of "example.com/widgets" v1 from `start`, with a label selector.
+inline WatchSpec Spec(int64_t start, const std::string& selector = "") {
+  WatchSpec s;
+  s.group_resource = "example.com/widgets";
+  s.version = "v1";
+  s.start_revision = start;
+  s.filter.selector = *LabelSelector::Parse(selector);
+  return s;
+}
+
 // An event of "example.com/widgets": `name` labelled app=`app` (and before the change
 // app=`prev_app`, when given).
 inline EventPtr MakeEvent(int64_t rev, v1::WatchEvent::Type type, const std::string& name,
