@@ -165,7 +165,6 @@ class Dispatcher {
   // Constant after construction.
   const Options options_;
   FanOut::Source* const source_;
-  StoreMetrics* const metrics_;
 
   absl::Mutex queue_mu_;
   std::deque<Item> queue_ ABSL_GUARDED_BY(queue_mu_);
