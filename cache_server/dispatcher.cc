@@ -25,9 +25,7 @@ void Dispatcher::WakeTag::Complete(bool /*ok*/) {
 }
 
 Dispatcher::Dispatcher(Options options, FanOut::Source* source, StoreMetrics* metrics)
-    : options_(std::move(options)),
-      source_(source),
-      fan_out_(options_.fan_out, metrics) {
+    : options_(std::move(options)), source_(source), fan_out_(options_.fan_out, metrics) {
   wake_.d = this;
   thread_ = std::thread([this] { Run(); });
 }
