@@ -35,6 +35,11 @@ struct Event {
 };
 using EventPtr = std::shared_ptr<const Event>;
 
+// How a watch event carries its object: as the Object message (WatchEvent.object), or as the
+// object's JSON (WatchEvent.object_json, for a watch with json_objects).
+enum class ObjectEncoding { kProto = 0, kJson = 1 };
+constexpr int kObjectEncodings = 2;
+
 // What a watcher watches. Set once, before registration.
 struct WatchSpec {
   std::string group_resource;
@@ -42,6 +47,8 @@ struct WatchSpec {
   ObjectFilter filter;
   // The watcher has (in its initial events) everything up to and including this revision.
   int64_t start_revision = 0;
+  // How its events carry their objects.
+  ObjectEncoding encoding = ObjectEncoding::kProto;
 };
 
 // The type of `event` as a watcher with `filter` sees it (an update that crosses the filter

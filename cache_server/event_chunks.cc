@@ -1,8 +1,12 @@
 #include "cache_server/event_chunks.h"
 
 #include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/util/json_util.h>
 #include <grpc/slice.h>
 
+#include <cassert>
+#include <cstring>
+#include <string>
 #include <utility>
 
 namespace shardcache {
@@ -13,24 +17,48 @@ using google::protobuf::io::CodedOutputStream;
 
 constexpr uint8_t kElementTag = (4 << 3) | 2;  // WatchEvent.events, length-delimited
 
-// WatchEvent{type: 1 (varint), object: 2 (length-delimited)}, written by hand so that the shared,
-// read-only object is serialized in place rather than copied into a WatchEvent. (Protobuf's
-// cached sizes are atomic: concurrent serializations of one object are safe.)
-size_t WatchEventSize(v1::WatchEvent::Type type, size_t object_size) {
+// What a WatchEvent carries of its object: the Object message itself (field 2, serialized in
+// place from the shared, read-only object rather than copied into a WatchEvent; protobuf's cached
+// sizes are atomic, so concurrent serializations of one object are safe), or its JSON (field 5).
+class Body {
+ public:
+  Body(const v1::Object& object, ObjectEncoding encoding) : object_(object) {
+    if (encoding == ObjectEncoding::kJson) {
+      json_ = ObjectJson(object);
+      field_ = 5;
+      size_ = json_.size();
+    } else {
+      size_ = object.ByteSizeLong();
+    }
+  }
+  size_t size() const { return size_; }
+  uint8_t* Write(uint8_t* p) const {
+    *p++ = static_cast<uint8_t>((field_ << 3) | 2);
+    p = CodedOutputStream::WriteVarint32ToArray(static_cast<uint32_t>(size_), p);
+    if (field_ == 2) return object_.SerializeWithCachedSizesToArray(p);
+    memcpy(p, json_.data(), size_);
+    return p + size_;
+  }
+
+ private:
+  const v1::Object& object_;
+  std::string json_;
+  uint32_t field_ = 2;
+  size_t size_ = 0;
+};
+
+// WatchEvent{type: 1 (varint), object or object_json}, written by hand.
+size_t WatchEventSize(v1::WatchEvent::Type type, const Body& body) {
   return (type != 0 ? 1 + CodedOutputStream::VarintSize32(type) : 0) + 1 +
-         CodedOutputStream::VarintSize32(static_cast<uint32_t>(object_size)) + object_size;
+         CodedOutputStream::VarintSize32(static_cast<uint32_t>(body.size())) + body.size();
 }
 
-// Writes the WatchEvent at `p`. REQUIRES: object.ByteSizeLong() was called (it is object_size).
-void WriteWatchEvent(v1::WatchEvent::Type type, const v1::Object& object, size_t object_size,
-                     uint8_t* p) {
+void WriteWatchEvent(v1::WatchEvent::Type type, const Body& body, uint8_t* p) {
   if (type != 0) {
     *p++ = (1 << 3) | 0;
     p = CodedOutputStream::WriteVarint32ToArray(static_cast<uint32_t>(type), p);
   }
-  *p++ = (2 << 3) | 2;
-  p = CodedOutputStream::WriteVarint32ToArray(static_cast<uint32_t>(object_size), p);
-  object.SerializeWithCachedSizesToArray(p);
+  body.Write(p);
 }
 
 size_t ElementHeaderSize(size_t length) {
@@ -44,11 +72,21 @@ uint8_t* WriteElementHeader(size_t length, uint8_t* p) {
 
 }  // namespace
 
-grpc::Slice EncodeWatchEvent(v1::WatchEvent::Type type, const v1::Object& object) {
-  const size_t object_size = object.ByteSizeLong();
-  grpc_slice slice = grpc_slice_malloc(WatchEventSize(type, object_size));
-  WriteWatchEvent(type, object, object_size, GRPC_SLICE_START_PTR(slice));
+grpc::Slice EncodeWatchEvent(v1::WatchEvent::Type type, const v1::Object& object,
+                             ObjectEncoding encoding) {
+  const Body body(object, encoding);
+  grpc_slice slice = grpc_slice_malloc(WatchEventSize(type, body));
+  WriteWatchEvent(type, body, GRPC_SLICE_START_PTR(slice));
   return grpc::Slice(slice, grpc::Slice::STEAL_REF);
+}
+
+std::string ObjectJson(const v1::Object& object) {
+  std::string json;
+  // A stored object always converts: validation (object_validation.h) keeps its numbers finite
+  // and its timestamps in range, and it holds no Any.
+  [[maybe_unused]] const auto status = google::protobuf::util::MessageToJsonString(object, &json);
+  assert(status.ok());
+  return json;
 }
 
 grpc::Slice BatchElementHeader(size_t length) {
@@ -83,9 +121,9 @@ bool ExtendRun(grpc::Slice* run, const grpc::Slice& next) {
 }
 
 EncodedEvent EventChunks::Write(const std::string& resource, v1::WatchEvent::Type type,
-                                const v1::Object& object) {
-  const size_t object_size = object.ByteSizeLong();
-  const size_t event_size = WatchEventSize(type, object_size);
+                                const v1::Object& object, ObjectEncoding encoding) {
+  const Body body(object, encoding);
+  const size_t event_size = WatchEventSize(type, body);
   const size_t header = ElementHeaderSize(event_size);
   const size_t n = header + event_size;
   grpc::Slice buffer;  // a reference to the buffer written into
@@ -107,7 +145,7 @@ EncodedEvent EventChunks::Write(const std::string& resource, v1::WatchEvent::Typ
     c.written = true;
   }
   uint8_t* p = const_cast<uint8_t*>(buffer.begin()) + at;  // a gRPC-allocated, writable buffer
-  WriteWatchEvent(type, object, object_size, WriteElementHeader(event_size, p));
+  WriteWatchEvent(type, body, WriteElementHeader(event_size, p));
   grpc::Slice element = buffer.sub(at, at + n);
   grpc::Slice bare = element.sub(header, n);
   return EncodedEvent{std::move(element), std::move(bare)};

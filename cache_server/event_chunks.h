@@ -29,13 +29,18 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "cache_server/event.h"
 #include "shardcache/v1/store.pb.h"
 
 namespace shardcache {
 
-// Serializes a WatchEvent of `type` carrying `object` (no store_id) into one new slice, without
-// copying the object.
-grpc::Slice EncodeWatchEvent(v1::WatchEvent::Type type, const v1::Object& object);
+// Serializes a WatchEvent of `type` carrying `object` (no store_id) into one new slice: as
+// WatchEvent.object without copying the object, or for kJson as WatchEvent.object_json.
+grpc::Slice EncodeWatchEvent(v1::WatchEvent::Type type, const v1::Object& object,
+                             ObjectEncoding encoding = ObjectEncoding::kProto);
+
+// The object as WatchEvent.object_json carries it (the proto3 JSON mapping, no whitespace).
+std::string ObjectJson(const v1::Object& object);
 
 // The tag and length that make an encoded WatchEvent of `length` bytes one element of
 // WatchEvent.events. Small: held inline, no allocation.
@@ -63,7 +68,7 @@ class EventChunks {
   // Encodes WatchEvent{type, object} as a batch element at the end of `resource`'s current chunk
   // (a new chunk when it has no room).
   EncodedEvent Write(const std::string& resource, v1::WatchEvent::Type type,
-                     const v1::Object& object);
+                     const v1::Object& object, ObjectEncoding encoding = ObjectEncoding::kProto);
 
   // Lets go of the current chunk of every resource that nothing was written to since the
   // previous call. (The chunk stays alive while watchers hold slices of it.)

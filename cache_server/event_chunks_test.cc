@@ -1,5 +1,6 @@
 #include "cache_server/event_chunks.h"
 
+#include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
 
 #include <string>
@@ -46,6 +47,37 @@ TEST(EventChunksTest, Write_TheElementIsTheEventAsABatchElement_TheBareIsTheEven
   EXPECT_EQ(batch.events(0).type(), v1::WatchEvent::MODIFIED);
   EXPECT_EQ(batch.events(0).object().metadata().name(), "w1");
   EXPECT_EQ(Bytes(ElementEvent(e.element)), Bytes(e.bare));
+}
+
+TEST(EventChunksTest, Json_TheObjectTravelsAsItsJsonInObjectJson) {
+  EventChunks chunks;
+  v1::Object object = Widget("w1", 20);
+  object.mutable_metadata()->set_resource_version("42");
+  (*object.mutable_status()->mutable_fields())["ready"].set_bool_value(true);
+  EncodedEvent e =
+      chunks.Write("widgets.example.com", v1::WatchEvent::ADDED, object, ObjectEncoding::kJson);
+  EXPECT_EQ(Bytes(e.bare),
+            Bytes(EncodeWatchEvent(v1::WatchEvent::ADDED, object, ObjectEncoding::kJson)));
+  v1::WatchEvent bare;
+  ASSERT_TRUE(bare.ParseFromString(Bytes(e.bare)));
+  EXPECT_EQ(bare.type(), v1::WatchEvent::ADDED);
+  EXPECT_FALSE(bare.has_object());
+  EXPECT_EQ(bare.object_json(),
+            R"({"metadata":{"namespace":"ns","name":"w1","resourceVersion":"42"},)"
+            R"("spec":{"data":"xxxxxxxxxxxxxxxxxxxx"},"status":{"ready":true}})");
+  EXPECT_EQ(bare.object_json(), ObjectJson(object));
+  // Parsed back, it is the object.
+  v1::Object back;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(bare.object_json(), &back).ok());
+  EXPECT_EQ(back.SerializeAsString(), object.SerializeAsString());
+  // As a batch element, too.
+  v1::WatchEvent batch;
+  ASSERT_TRUE(batch.ParseFromString(Bytes(e.element)));
+  ASSERT_EQ(batch.events_size(), 1);
+  EXPECT_EQ(batch.events(0).object_json(), bare.object_json());
+  // The same event for a proto watcher is unchanged.
+  EXPECT_EQ(Bytes(chunks.Write("widgets.example.com", v1::WatchEvent::ADDED, object).bare),
+            Bytes(EncodeWatchEvent(v1::WatchEvent::ADDED, object)));
 }
 
 TEST(EventChunksTest, ElementEvent_ReadsLengthsOfEveryVarintSize) {

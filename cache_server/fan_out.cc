@@ -52,7 +52,7 @@ void FanOut::EndAndRemove(State* s, const absl::Status& status) {
 }
 
 bool FanOut::DeliverTo(State* s, EventForms& forms, v1::WatchEvent::Type type) {
-  if (!s->watcher->Deliver(forms.Get(type))) return false;
+  if (!s->watcher->Deliver(forms.Get(type, s->watcher->spec().encoding))) return false;
   if (!s->unflushed) {
     s->unflushed = true;
     unflushed_.push_back(s);

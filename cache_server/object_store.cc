@@ -701,6 +701,7 @@ absl::Status ObjectStore::StartWatch(const v1::WatchRequest& req, Watcher* watch
   spec.version = req.resource().version();
   spec.filter = std::move(filter);
   spec.start_revision = durable_revision_;
+  spec.encoding = req.json_objects() ? ObjectEncoding::kJson : ObjectEncoding::kProto;
   watcher->Init(std::move(spec), std::move(initial));
   return watch_cache_->Register(watcher);
 }

@@ -119,7 +119,8 @@ void WatchCall::Bookmark(int64_t revision) {
     if (finish_requested_ || !live_.empty() || !initial_.empty()) return;
     v1::Object bookmark;
     bookmark.mutable_metadata()->set_resource_version(absl::StrCat(revision));
-    live_.push_back(Pending{EncodeWatchEvent(v1::WatchEvent::BOOKMARK, bookmark), 1, false});
+    live_.push_back(
+        Pending{EncodeWatchEvent(v1::WatchEvent::BOOKMARK, bookmark, spec_.encoding), 1, false});
     live_bytes_ += live_.back().bytes.size();
     ++live_events_;
     a = NextLocked();
@@ -258,7 +259,7 @@ WatchCall::Action WatchCall::NextLocked() {
     if (!initial_.empty()) {
       auto& [type, object] = initial_.front();
       if (events > 0 && bytes + object->ByteSizeLong() > kMaxBatchBytes) break;
-      parts.push_back(Pending{EncodeWatchEvent(type, *object), 1, false});
+      parts.push_back(Pending{EncodeWatchEvent(type, *object, spec_.encoding), 1, false});
       initial_.pop_front();
     } else {
       if (events > 0 && bytes + live_.front().bytes.size() > kMaxBatchBytes) break;

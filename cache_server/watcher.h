@@ -39,7 +39,8 @@ struct Delivery {
 };
 
 // The forms of one event: serialized at most once per type in which watchers see it (usually
-// once), by whichever thread needs it first, into `chunks` (which must outlive it).
+// once) and object encoding that they asked for, by whichever thread needs it first, into `chunks`
+// (which must outlive it).
 class EventForms {
  public:
   EventForms(EventPtr event, EventChunks* chunks) : event_(std::move(event)), chunks_(chunks) {}
@@ -47,8 +48,9 @@ class EventForms {
   EventForms& operator=(const EventForms&) = delete;
 
   const EventPtr& event() const { return event_; }
-  // The event as watchers that see it as `type` (ADDED, MODIFIED or DELETED) receive it.
-  const Delivery& Get(v1::WatchEvent::Type type);
+  // The event as watchers that see it as `type` (ADDED, MODIFIED or DELETED) and want its
+  // object in `encoding` receive it.
+  const Delivery& Get(v1::WatchEvent::Type type, ObjectEncoding encoding = ObjectEncoding::kProto);
 
  private:
   const EventPtr event_;
@@ -56,8 +58,8 @@ class EventForms {
   // std::call_once (pthread_once) rather than absl::call_once: a thread that waits for another's
   // call in absl's version waits inside Debian's abseil, where ThreadSanitizer cannot see the
   // edge.
-  std::once_flag once_[4];
-  std::optional<Delivery> deliveries_[4];
+  std::once_flag once_[kObjectEncodings][4];
+  std::optional<Delivery> deliveries_[kObjectEncodings][4];
 };
 using EventFormsPtr = std::shared_ptr<EventForms>;
 

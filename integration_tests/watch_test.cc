@@ -4,6 +4,8 @@
 // watchers, resource definitions that go away, and many watchers at once.
 
 #include <gmock/gmock.h>
+#include <google/protobuf/util/json_util.h>
+#include <google/protobuf/util/message_differencer.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
@@ -372,6 +374,81 @@ TEST_F(WatchTest, PeriodicBookmarks_ReachAnIdleWatch) {
     EXPECT_EQ(e->type(), v1::WatchEvent::BOOKMARK);
     EXPECT_EQ(e->object().metadata().resource_version(), absl::StrCat(rv2));
   }
+}
+
+// ---- json_objects ----
+
+// The object of an event of a json_objects watch, parsed from its JSON. Fails the test if the
+// event carries an Object message instead, or JSON that does not parse.
+v1::Object FromJson(const v1::WatchEvent& e) {
+  EXPECT_FALSE(e.has_object()) << "a json_objects watch got an Object: " << e.ShortDebugString();
+  v1::Object o;
+  auto status = google::protobuf::util::JsonStringToMessage(e.object_json(), &o);
+  EXPECT_TRUE(status.ok()) << status.ToString() << ": " << e.object_json();
+  return o;
+}
+
+MATCHER_P(SameObject, want, "") {
+  return google::protobuf::util::MessageDifferencer::Equals(arg, want);
+}
+
+TEST_F(WatchTest, JsonObjects_InitialLiveHistoryAndBookmarkEventsCarryTheObjectAsJson) {
+  StartServer({"--bookmark-interval=200ms"});
+  v1::Object created;
+  ASSERT_TRUE(Ok(Create(widgets_, Obj("c1", "ns1", "w1", {{"app", "a"}}, 1), &created)));
+  std::vector<v1::Object> updates;
+  for (bool batch : {false, true}) {
+    SCOPED_TRACE(batch ? "batch_events" : "one event a message");
+    v1::WatchRequest req = WatchReq(widgets_);
+    req.set_json_objects(true);
+    req.set_batch_events(batch);
+    WatchReader w(stub_.get(), req);
+    auto initial = w.Next();
+    ASSERT_TRUE(initial.has_value());
+    EXPECT_EQ(initial->type(), v1::WatchEvent::ADDED);
+    v1::Object want = updates.empty() ? created : updates.back();
+    EXPECT_THAT(FromJson(*initial), SameObject(want));
+    auto end = w.Next();
+    ASSERT_TRUE(end.has_value());
+    EXPECT_EQ(end->type(), v1::WatchEvent::BOOKMARK);
+    EXPECT_EQ(FromJson(*end).metadata().annotations().at(kInitialEventsEnd), "true");
+
+    v1::Object updated;
+    ASSERT_TRUE(
+        Ok(Update(widgets_, Obj("c1", "ns1", "w1", {{"app", "a"}}, 2 + updates.size()), &updated)));
+    updates.push_back(updated);
+    auto live = w.NextObjectEvent();
+    ASSERT_TRUE(live.has_value());
+    EXPECT_EQ(live->type(), v1::WatchEvent::MODIFIED);
+    EXPECT_THAT(FromJson(*live), SameObject(updated));
+    auto bookmark = w.Next(absl::Seconds(5));
+    ASSERT_TRUE(bookmark.has_value());
+    EXPECT_EQ(bookmark->type(), v1::WatchEvent::BOOKMARK);
+    EXPECT_EQ(FromJson(*bookmark).metadata().resource_version(), absl::StrCat(Rv(updated)));
+  }
+
+  // From a resourceVersion: the history, then a deletion, in the same form.
+  v1::WatchRequest req = WatchReq(widgets_, Rv(created));
+  req.set_json_objects(true);
+  WatchReader w(stub_.get(), req);
+  for (const v1::Object& want : updates) {
+    auto e = w.NextObjectEvent();
+    ASSERT_TRUE(e.has_value());
+    EXPECT_EQ(e->type(), v1::WatchEvent::MODIFIED);
+    EXPECT_THAT(FromJson(*e), SameObject(want));
+  }
+  MustDelete(widgets_, Obj("c1", "ns1", "w1"));
+  auto deleted = w.NextObjectEvent();
+  ASSERT_TRUE(deleted.has_value());
+  EXPECT_EQ(deleted->type(), v1::WatchEvent::DELETED);
+  EXPECT_EQ(FromJson(*deleted).metadata().name(), "w1");
+
+  // A watch without the flag is unchanged: Objects, no JSON.
+  WatchReader plain(stub_.get(), WatchReq(widgets_, Rv(created)));
+  auto e = plain.NextObjectEvent();
+  ASSERT_TRUE(e.has_value());
+  EXPECT_TRUE(e->object_json().empty());
+  EXPECT_THAT(e->object(), SameObject(updates.front()));
 }
 
 // ---- (f) slow watchers ----
