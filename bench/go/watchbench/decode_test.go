@@ -1,8 +1,9 @@
 package main
 
 // The client's cost to decode one watch event of each server, as grpc-go's codec does it
-// (proto.Unmarshal of the whole message), for a message of 1 event and of 40 (cache_server's
-// batches when a watcher is behind; etcd puts the events of one revision range in one response).
+// (proto.Unmarshal of the whole message; with json_objects the object stays JSON bytes), for a
+// message of 1 event and of 40 (cache_server's batches when a watcher is behind; etcd puts the
+// events of one revision range in one response).
 //
 //	GO111MODULE=off GOPATH=build-gowatch/gopath:/usr/share/gocode go test -bench=Decode -benchmem
 
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/golang/protobuf/jsonpb"
 	"github.com/golang/protobuf/proto"
 	structpb "github.com/golang/protobuf/ptypes/struct"
 	timestamppb "github.com/golang/protobuf/ptypes/timestamp"
@@ -42,6 +44,17 @@ func cacheEvent(seq int64, value string) *storev1.WatchEvent {
 	}
 }
 
+// cacheJSONEvent is the same event as a watch with json_objects receives it: the object as JSON
+// (the proto3 JSON mapping, as cache_server writes it).
+func cacheJSONEvent(seq int64, value string) *storev1.WatchEvent {
+	m := jsonpb.Marshaler{OrigName: false}
+	text, err := m.MarshalToString(cacheEvent(seq, value).Object)
+	if err != nil {
+		panic(err)
+	}
+	return &storev1.WatchEvent{Type: storev1.WatchEvent_ADDED, ObjectJson: []byte(text)}
+}
+
 func etcdEvent(seq int64, value string) *mvccpb.Event {
 	t := &etcdTarget{run: "r1764928000-abcdef"}
 	return &mvccpb.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{
@@ -66,23 +79,28 @@ func benchDecode(b *testing.B, data []byte, fresh func() proto.Message, events i
 func BenchmarkDecode(b *testing.B) {
 	value := randomASCII(1024)
 	for _, n := range []int{1, 40} {
-		var cache *storev1.WatchEvent
-		if n == 1 {
-			cache = cacheEvent(1, value)
-		} else {
-			cache = &storev1.WatchEvent{}
-			for i := 0; i < n; i++ {
-				cache.Events = append(cache.Events, cacheEvent(int64(i+1), value))
+		message := func(event func(int64, string) *storev1.WatchEvent) []byte {
+			m := event(1, value)
+			if n > 1 {
+				m = &storev1.WatchEvent{}
+				for i := 0; i < n; i++ {
+					m.Events = append(m.Events, event(int64(i+1), value))
+				}
 			}
+			data, _ := proto.Marshal(m)
+			return data
 		}
+		cacheBytes, cacheJSONBytes := message(cacheEvent), message(cacheJSONEvent)
 		etcd := &etcdserverpb.WatchResponse{Header: &etcdserverpb.ResponseHeader{ClusterId: 1, MemberId: 2, Revision: 1000, RaftTerm: 2}}
 		for i := 0; i < n; i++ {
 			etcd.Events = append(etcd.Events, etcdEvent(int64(i+1), value))
 		}
-		cacheBytes, _ := proto.Marshal(cache)
 		etcdBytes, _ := proto.Marshal(etcd)
 		b.Run(fmt.Sprintf("cache_server/%d", n), func(b *testing.B) {
 			benchDecode(b, cacheBytes, func() proto.Message { return &storev1.WatchEvent{} }, n)
+		})
+		b.Run(fmt.Sprintf("cache_server_json/%d", n), func(b *testing.B) {
+			benchDecode(b, cacheJSONBytes, func() proto.Message { return &storev1.WatchEvent{} }, n)
 		})
 		b.Run(fmt.Sprintf("etcd/%d", n), func(b *testing.B) {
 			benchDecode(b, etcdBytes, func() proto.Message { return &etcdserverpb.WatchResponse{} }, n)

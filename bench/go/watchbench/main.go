@@ -48,6 +48,7 @@ var (
 	flagSetupParallel   = flag.Int("setup-parallel", 200, "watch streams being opened at once during setup")
 	flagDrainTimeout    = flag.Duration("drain-timeout", 30*time.Second, "after the last write, how long the watchers may take to receive every acknowledged write")
 	flagBatch           = flag.Bool("batch-events", true, "cache_server: ask for several events per message when a watcher is behind (WatchRequest.batch_events); etcd batches by itself")
+	flagJSONObjects     = flag.Bool("json-objects", false, "cache_server: ask for objects as JSON bytes (WatchRequest.json_objects) and read seq, sent and resourceVersion out of them without decoding the rest, as etcd's value is read")
 	flagWindow          = flag.Int("initial-window-size", 0, "grpc-go per-stream HTTP/2 window in bytes (0: grpc-go's default, with its BDP estimation)")
 	flagConnWindow      = flag.Int("initial-conn-window-size", 0, "grpc-go per-connection HTTP/2 window in bytes (0: grpc-go's default)")
 	flagServerPid       = flag.Int("server-pid", 0, "the server's pid (on this machine): report its CPU per delivered event, its RSS and its busiest threads")
@@ -72,7 +73,7 @@ func main() {
 	run := fmt.Sprintf("r%d-%06x", time.Now().Unix(), rand.New(rand.NewSource(time.Now().UnixNano())).Intn(1<<24))
 	switch *flagTarget {
 	case "cache", "cache_server":
-		t = &cacheTarget{cluster: "bench-" + run, batch: *flagBatch}
+		t = &cacheTarget{cluster: "bench-" + run, batch: *flagBatch, json: *flagJSONObjects}
 	case "etcd":
 		t = &etcdTarget{run: run}
 	default:

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"strconv"
@@ -49,6 +50,10 @@ type cacheTarget struct {
 	// (filtered on it) starts with no initial objects even on a server that kept earlier runs'.
 	cluster string
 	batch   bool
+	// json asks for objects as JSON bytes (WatchRequest.json_objects); the watcher then reads
+	// seq, sent and resourceVersion out of the JSON without decoding the rest, as it reads etcd's
+	// value, whose prefix carries seq and sent.
+	json bool
 }
 
 func (t *cacheTarget) name() string { return "cache_server" }
@@ -65,6 +70,7 @@ func (t *cacheTarget) watch(ctx context.Context, conn *grpc.ClientConn, w *watch
 		Resource:    t.gvr(w.resource),
 		Cluster:     t.cluster,
 		BatchEvents: t.batch,
+		JsonObjects: t.json,
 	})
 	if err != nil {
 		return err
@@ -85,7 +91,11 @@ func (t *cacheTarget) watch(ctx context.Context, conn *grpc.ClientConn, w *watch
 			obj := ev.GetObject()
 			switch ev.GetType() {
 			case storev1.WatchEvent_BOOKMARK:
-				if !inPlace && obj.GetMetadata().GetAnnotations()[initialEventsEnd] == "true" {
+				initialEnd := obj.GetMetadata().GetAnnotations()[initialEventsEnd] == "true"
+				if t.json {
+					initialEnd = bytes.Contains(ev.GetObjectJson(), initialEventsEndJSON)
+				}
+				if !inPlace && initialEnd {
 					inPlace = true
 					ready()
 				} else {
@@ -101,18 +111,46 @@ func (t *cacheTarget) watch(ctx context.Context, conn *grpc.ClientConn, w *watch
 				w.initialEvent()
 				continue
 			}
-			fields := obj.GetSpec().GetFields()
-			seq, err1 := strconv.ParseInt(fields["seq"].GetStringValue(), 10, 64)
-			sent, err2 := strconv.ParseInt(fields["sent"].GetStringValue(), 10, 64)
-			rev, err3 := strconv.ParseInt(obj.GetMetadata().GetResourceVersion(), 10, 64)
+			var seqText, sentText, revText string
+			if t.json {
+				data := ev.GetObjectJson()
+				seqText, sentText, revText = jsonString(data, "seq"), jsonString(data, "sent"), jsonString(data, "resourceVersion")
+			} else {
+				fields := obj.GetSpec().GetFields()
+				seqText, sentText, revText = fields["seq"].GetStringValue(), fields["sent"].GetStringValue(), obj.GetMetadata().GetResourceVersion()
+			}
+			seq, err1 := strconv.ParseInt(seqText, 10, 64)
+			sent, err2 := strconv.ParseInt(sentText, 10, 64)
+			rev, err3 := strconv.ParseInt(revText, 10, 64)
 			if err1 != nil || err2 != nil || err3 != nil {
-				w.unexpected("object without seq, sent or resourceVersion: " + obj.GetMetadata().GetName())
+				w.unexpected(fmt.Sprintf("object without seq, sent or resourceVersion: %q %q %q", seqText, sentText, revText))
 				continue
 			}
 			w.observe(seq, sent, rev, now)
 		}
 		w.endMessage()
 	}
+}
+
+var initialEventsEndJSON = []byte(`"` + initialEventsEnd + `":"true"`)
+
+// jsonString returns the value of the first string member named key in a JSON text that has no
+// whitespace (as cache_server writes object_json), or "" when there is none. Enough for the
+// digits of seq, sent and resourceVersion: an escaped quote inside another string is written
+// \", so the search cannot match inside one.
+func jsonString(data []byte, key string) string {
+	needle := make([]byte, 0, len(key)+4)
+	needle = append(append(append(needle, '"'), key...), `":"`...)
+	i := bytes.Index(data, needle)
+	if i < 0 {
+		return ""
+	}
+	rest := data[i+len(needle):]
+	end := bytes.IndexByte(rest, '"')
+	if end < 0 {
+		return ""
+	}
+	return string(rest[:end])
 }
 
 func (t *cacheTarget) write(ctx context.Context, conn *grpc.ClientConn, resource int, seq, sentNanos int64, value string) (int64, error) {
