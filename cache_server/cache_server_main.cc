@@ -61,9 +61,11 @@ ABSL_FLAG(int64_t, watch_queue_bytes, 1 << 20,
           "bytes of live events that may wait for one watcher; a watcher whose queue is full is "
           "parked and caught up from the history window once it has drained half of it (ended "
           "with OUT_OF_RANGE if the window has moved past it); nobody waits for it");
-ABSL_FLAG(absl::Duration, watch_stall_timeout, absl::Seconds(5),
+ABSL_FLAG(absl::Duration, watch_stall_timeout, absl::Seconds(20),
           "how long a watcher whose queue is full may leave a message unread before it is ended "
-          "with RESOURCE_EXHAUSTED; a watcher that reads, however slowly, is parked instead");
+          "with RESOURCE_EXHAUSTED; a watcher that reads, however slowly, is parked instead (as "
+          "--keepalive-timeout, long enough for a client busy for a few seconds to keep its "
+          "watches)");
 ABSL_FLAG(int32_t, watch_dispatchers, 2,
           "threads that fan events out to watchers (each serves a share of the watchers)");
 ABSL_FLAG(bool, watch_cork_writes, true,

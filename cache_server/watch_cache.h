@@ -66,7 +66,7 @@ class WatchCache : private FanOut::Source {
     // whose client has not taken a message for `stall_timeout` (its stream's flow control stays
     // closed) is ended with RESOURCE_EXHAUSTED.
     size_t watcher_queue_bytes = 1 << 20;
-    absl::Duration stall_timeout = absl::Seconds(5);
+    absl::Duration stall_timeout = absl::Seconds(20);
     // The forms of this many of the most recent events are kept for watchers catching up (set
     // it to the history window's size), and at most about `kept_forms_bytes` of them.
     size_t kept_forms = 10000;

@@ -454,7 +454,7 @@ TEST_F(WatchTest, JsonObjects_InitialLiveHistoryAndBookmarkEventsCarryTheObjectA
 // ---- (f) slow watchers ----
 
 TEST_F(WatchTest, SlowWatcher_IsEndedWithResourceExhausted_AndTheServerStaysHealthy) {
-  StartServer({"--watch-queue-events=50"});
+  StartServer({"--watch-queue-events=50", "--watch-stall-timeout=2s"});
   double too_slow_before = Metric(server_->http_port(), "shardcache_store_watchers_too_slow_total");
   ASSERT_GE(too_slow_before, 0) << HttpGet(server_->http_port(), "/metrics");
 
