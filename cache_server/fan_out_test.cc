@@ -170,6 +170,38 @@ TEST_F(FanOutTest, CatchUp_SendsTheEncodingsTheSyncedWatchersSent) {
   }
 }
 
+TEST_F(FanOutTest, JsonWatchers_GetTheObjectAsJson_LiveAndCaughtUp_SharingOneEncoding) {
+  WatchSpec json = Spec(0);
+  json.encoding = ObjectEncoding::kJson;
+  FakeWatcher slow(json, /*capacity=*/1);
+  FakeWatcher fast(json);
+  FakeWatcher proto(Spec(0));
+  fan_out_->Add(&slow);
+  fan_out_->Add(&fast);
+  fan_out_->Add(&proto);
+  for (int i = 1; i <= 3; ++i) Add(i, absl::StrCat("o", i));
+  ASSERT_EQ(fan_out_->parked(), 1u);
+  for (int i = 0; i < 5 && fan_out_->parked() > 0; ++i) {
+    slow.Read();
+    CatchUp();
+  }
+  EXPECT_EQ(slow.seen(), Added(1, 3));
+  EXPECT_EQ(proto.seen(), Added(1, 3));
+  ASSERT_EQ(slow.slices().size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    SCOPED_TRACE(absl::StrCat("event ", i));
+    EXPECT_EQ(slow.slices()[i].begin(), fast.slices()[i].begin()) << "encoded once per encoding";
+    v1::WatchEvent e;
+    ASSERT_TRUE(e.ParseFromArray(slow.slices()[i].begin(), slow.slices()[i].size()));
+    EXPECT_FALSE(e.has_object());
+    EXPECT_THAT(e.object_json(), HasSubstr(absl::StrCat(R"("name":"o)", i + 1, R"(")")));
+    v1::WatchEvent p;
+    ASSERT_TRUE(p.ParseFromArray(proto.slices()[i].begin(), proto.slices()[i].size()));
+    EXPECT_TRUE(p.object_json().empty());
+    EXPECT_EQ(p.object().metadata().name(), absl::StrCat("o", i + 1));
+  }
+}
+
 TEST_F(FanOutTest, CatchUp_HistoryMovedOn_EndsOutOfRange_AndCountsItOut) {
   FakeWatcher slow(Spec(0), /*capacity=*/2);
   FakeWatcher fast(Spec(0));
