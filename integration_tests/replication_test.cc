@@ -381,8 +381,8 @@ TEST_F(ReplicationTest, TwoShardsIntoOneCache) {
     ASSERT_TRUE(common.has_value());
     EXPECT_EQ(common->metadata().shard(), s);
     EXPECT_EQ(common->spec().fields().at("from").string_value(), s);
-    std::optional<v1::Object> ccr_copy = GetFrom(cache(), CcrGvr(), s, kCluster, "", "widgets");
-    EXPECT_TRUE(ccr_copy.has_value());
+    // The CCR's copy is written after its status, so the status can read Ready before it.
+    EXPECT_TRUE(WaitForCcrCopy("widgets", s));
   }
   auto all = ListFrom(cache(), WidgetsGvr(), "", kCluster);
   ASSERT_TRUE(all.has_value());
