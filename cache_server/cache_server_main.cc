@@ -52,6 +52,11 @@ ABSL_FLAG(bool, sync, true,
           "acknowledge a write only once it is synced to disk (group commit shares syncs among "
           "concurrent writers); --sync=false: a pure cache whose last writes before a machine "
           "crash may be lost (a process crash loses nothing)");
+ABSL_FLAG(int64_t, min_free_disk_bytes, 64 << 20,
+          "creates and updates are refused with RESOURCE_EXHAUSTED (reason NO_SPACE) while the "
+          "disk of --data-dir has less free space than this, so that a commit never meets a full "
+          "disk; reads, watches and deletes go on, and writes resume once space is freed (0: no "
+          "reserve)");
 ABSL_FLAG(absl::Duration, history_age, absl::Hours(1),
           "events older than this leave the watch history window (0: no age limit)");
 ABSL_FLAG(int64_t, watch_queue_events, 0,
@@ -128,6 +133,7 @@ struct Config {
   std::string port_file;
   std::string data_dir;
   bool sync = true;
+  int64_t min_free_disk_bytes = 0;
   absl::Duration drain_timeout;
   absl::Duration keepalive_time;
   absl::Duration keepalive_timeout;
@@ -156,6 +162,10 @@ absl::StatusOr<Config> ConfigFromFlags() {
   c.data_dir = absl::GetFlag(FLAGS_data_dir);
   if (c.data_dir.empty()) return absl::InvalidArgumentError("--data-dir: must not be empty");
   c.sync = absl::GetFlag(FLAGS_sync);
+  c.min_free_disk_bytes = absl::GetFlag(FLAGS_min_free_disk_bytes);
+  if (c.min_free_disk_bytes < 0) {
+    return absl::InvalidArgumentError("--min-free-disk-bytes: must not be negative");
+  }
   c.store.history_age = absl::GetFlag(FLAGS_history_age);
   if (c.store.history_age < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--history-age: must not be negative");
@@ -258,7 +268,11 @@ absl::StatusOr<Config> ConfigFromFlags() {
 
 int Run(Config config, const std::string& role_name) {
   absl::Time load_start = absl::Now();
-  auto storage = RocksDbStorage::Open({config.data_dir, config.sync});
+  RocksDbStorage::Options storage_options;
+  storage_options.data_dir = config.data_dir;
+  storage_options.sync = config.sync;
+  storage_options.min_free_bytes = config.min_free_disk_bytes;
+  auto storage = RocksDbStorage::Open(std::move(storage_options));
   if (!storage.ok()) return Refuse(storage.status());
   absl::StatusOr<PersistedState> state = (*storage)->Load();
   if (!state.ok()) return Refuse(state.status());
@@ -353,14 +367,15 @@ int Run(Config config, const std::string& role_name) {
   server->GetHealthCheckService()->SetServingStatus(true);
   spdlog::info(
       "serving role={} store_id={} grpc={} (port {}) http={} (port {}) data_dir={} sync={} "
-      "max_object_bytes={} history_events={} history_age={} keepalive_time={} "
+      "min_free_disk_bytes={} max_object_bytes={} history_events={} history_age={} "
+      "keepalive_time={} "
       "keepalive_timeout={} tls={} client_certificates={} authorization={} http_tls={}",
       role_name, store.store_id(), config.listen, grpc_port, config.http_listen, *http_port,
-      config.data_dir, config.sync, config.store.max_object_bytes, config.store.history_events,
-      absl::FormatDuration(config.store.history_age), absl::FormatDuration(config.keepalive_time),
-      absl::FormatDuration(config.keepalive_timeout), config.tls.server_enabled(),
-      !config.tls.ca_file.empty(), config.authorization.has_value() ? "Policy" : "AlwaysAllow",
-      config.http_tls);
+      config.data_dir, config.sync, config.min_free_disk_bytes, config.store.max_object_bytes,
+      config.store.history_events, absl::FormatDuration(config.store.history_age),
+      absl::FormatDuration(config.keepalive_time), absl::FormatDuration(config.keepalive_timeout),
+      config.tls.server_enabled(), !config.tls.ca_file.empty(),
+      config.authorization.has_value() ? "Policy" : "AlwaysAllow", config.http_tls);
 
   int sig = WaitForTerminationSignal();
   spdlog::info("received signal {}: draining (up to {})", sig,

@@ -371,8 +371,13 @@ void ObjectStore::CompactLocked() {
   metrics_->history_events.Set(static_cast<double>(history_.size()));
 }
 
+absl::Status ObjectStore::CheckSpace() const {
+  return options_.storage == nullptr ? absl::OkStatus() : options_.storage->CheckSpace();
+}
+
 void ObjectStore::CreateAsync(const v1::CreateRequest& req, ObjectCallback done) {
   absl::StatusOr<ObjectRef> result = [&]() -> absl::StatusOr<ObjectRef> {
+    RETURN_IF_ERROR(CheckSpace());
     absl::MutexLock l(&mu_);
     ASSIGN_OR_RETURN(ResourceInfo info, registry_.Resolve(req.resource()));
     if (!req.object().metadata().resource_version().empty()) {
@@ -438,7 +443,8 @@ void ObjectStore::UpsertAsync(const v1::UpdateRequest& req, ObjectCallback done)
 
 void ObjectStore::UpdateAsyncImpl(const v1::UpdateRequest& req, UpdateKind kind,
                                   ObjectCallback done) {
-  absl::StatusOr<ObjectRef> result = [&] {
+  absl::StatusOr<ObjectRef> result = [&]() -> absl::StatusOr<ObjectRef> {
+    RETURN_IF_ERROR(CheckSpace());
     absl::MutexLock l(&mu_);
     return UpdateLocked(req, kind);
   }();

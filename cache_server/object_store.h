@@ -20,7 +20,8 @@
 //   write acknowledged, its event published to the WatchCache (in revision order), and its revision
 //   made visible to readers: Get, List and Watch read at the durable revision, so nobody sees a
 //   change that a crash could take back. A failed Storage write stops the process (memory is ahead
-//   of disk).
+//   of disk). While the storage has no room (Storage::CheckSpace), creates and updates are refused
+//   with RESOURCE_EXHAUSTED (reason NO_SPACE) before they change anything.
 // - A watcher is registered under the store's lock with its starting snapshot at the durable
 //   revision, so that no event falls between the two.
 // - Identity: a store has an id (store_id()), made when its data was created and kept across
@@ -143,6 +144,10 @@ class ObjectStore : public EventHistory, private GroupCommitter::Owner {
 
  private:
   enum class UpdateKind { kUpdate, kStatus, kUpsert };
+
+  // Storage::CheckSpace: whether creates and updates are accepted (deletes and epoch claims
+  // always are, so that space can be freed and a shard's leader can still fence).
+  absl::Status CheckSpace() const;
 
   struct Version {
     int64_t revision;

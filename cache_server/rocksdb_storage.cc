@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <rocksdb/db.h>
+#include <rocksdb/file_system.h>
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
 
@@ -11,7 +12,9 @@
 #include "absl/time/time.h"
 #include "cache_server/object_filter.h"
 #include "cache_server/uuid.h"
+#include "common/error_info.h"
 #include "shardcache/storage/v1/storage.pb.h"
+#include "spdlog/spdlog.h"
 
 namespace shardcache {
 namespace {
@@ -24,6 +27,8 @@ constexpr char kStoreIdKey[] = "m/store-id";
 constexpr char kObjectPrefix[] = "o/";
 constexpr char kEventPrefix[] = "e/";
 constexpr char kEpochPrefix[] = "f/";
+// How old CheckSpace's answer may be.
+constexpr absl::Duration kSpaceCheckInterval = absl::Seconds(1);
 
 std::string EventKey(int64_t revision) {
   std::string key = kEventPrefix;
@@ -76,7 +81,8 @@ absl::StatusOr<std::unique_ptr<RocksDbStorage>> RocksDbStorage::Open(Options opt
   // batches writes for the disk. RocksDB's default (64 MiB, two of them) would add up to 128 MiB
   // to the server's memory under a steady write load; 8 MiB ones flush about every 15,000 writes
   // of 500-byte objects.
-  db_options.write_buffer_size = 8 << 20;
+  db_options.write_buffer_size = static_cast<size_t>(options.write_buffer_bytes);
+  if (options.env != nullptr) db_options.env = options.env;
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(db_options, options.data_dir, &raw);
   if (!s.ok()) {
@@ -251,6 +257,40 @@ absl::Status RocksDbStorage::Commit(const CommitBatch& batch) {
   absl::Status written = FromRocks(db_->Write(wo, &wb), "writing to the data directory");
   if (written.ok()) compacted_revision_ = batch.compacted_revision;
   return written;
+}
+
+absl::Status RocksDbStorage::CheckSpace() {
+  if (options_.min_free_bytes <= 0) return absl::OkStatus();
+  absl::MutexLock l(&space_mu_);
+  const absl::Time now = options_.clock->Now();
+  if (now < space_checked_ + kSpaceCheckInterval) return space_;
+  space_checked_ = now;
+  uint64_t free_bytes = 0;
+  rocksdb::IOStatus s = db_->GetFileSystem()->GetFreeSpace(options_.data_dir, rocksdb::IOOptions(),
+                                                           &free_bytes, nullptr);
+  const uint64_t reserve = static_cast<uint64_t>(options_.min_free_bytes);
+  absl::Status was = space_;
+  if (!s.ok()) {
+    // Not knowing is no reason to refuse: the commit itself still fails on a full disk.
+    if (was.ok())
+      spdlog::warn("cannot tell the free space of {}: {}", options_.data_dir, s.ToString());
+    space_ = absl::OkStatus();
+  } else if (free_bytes < reserve) {
+    space_ = NoSpaceError(
+        absl::StrCat("the disk of data directory ", options_.data_dir, " has ", free_bytes,
+                     " bytes free, less than the ", reserve,
+                     " kept in reserve (--min-free-disk-bytes): writes are refused until space "
+                     "is freed; reads, watches and deletes go on"),
+        free_bytes, reserve);
+    if (was.ok()) spdlog::error("refusing writes: {}", std::string(space_.message()));
+  } else {
+    if (!was.ok()) {
+      spdlog::info("accepting writes again: the disk of {} has {} bytes free", options_.data_dir,
+                   free_bytes);
+    }
+    space_ = absl::OkStatus();
+  }
+  return space_;
 }
 
 }  // namespace shardcache

@@ -13,6 +13,13 @@
 // concurrent callers are not needed for group commit: the ObjectStore's committer already batches
 // every write that arrived while the previous batch was being synced.
 //
+// Space: a write is refused (CheckSpace: RESOURCE_EXHAUSTED, reason NO_SPACE) while the disk
+// of the data directory has less than Options::min_free_bytes free, as etcd refuses writes beyond
+// its space quota; reads, watches and deletes go on, and writes are accepted again once space is
+// freed (checked at most once a second). The reserve is what keeps a commit from meeting a full
+// disk: a commit that fails all the same (a full disk, a failed fsync) is not retried, and the
+// store stops (GroupCommitter).
+//
 // Open refuses a directory that is damaged or not a shardcache store, with a message that names
 // the problem: RocksDB's own errors (missing or truncated files, bad checksums, a MANIFEST that
 // does not match) and this layout's invariants (the format marker, the meta keys, contiguous
@@ -22,14 +29,19 @@
 #ifndef SHARDCACHE_CACHE_SERVER_ROCKSDB_STORAGE_H_
 #define SHARDCACHE_CACHE_SERVER_ROCKSDB_STORAGE_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "cache_server/storage.h"
+#include "common/clock.h"
 
 namespace rocksdb {
 class DB;
-}
+class Env;
+}  // namespace rocksdb
 
 namespace shardcache {
 
@@ -40,6 +52,14 @@ class RocksDbStorage : public Storage {
     // Sync every commit to disk before it is acknowledged. false: a pure cache that may lose the
     // last writes (not the database) when the machine, not just the process, fails.
     bool sync = true;
+    // Writes are refused while the disk has less free space than this (0: never).
+    int64_t min_free_bytes = 64 << 20;
+    // The size of one RocksDB write buffer (memtable); smaller ones flush more often.
+    int64_t write_buffer_bytes = 8 << 20;
+    // The files' environment (null: the machine's); tests inject faults through it. Not owned.
+    rocksdb::Env* env = nullptr;
+    // When the free space was last looked at. Not owned.
+    Clock* clock = RealClock::Get();
   };
 
   // Opens (creating it if the directory is absent or empty) the store in options.data_dir.
@@ -48,6 +68,7 @@ class RocksDbStorage : public Storage {
 
   absl::StatusOr<PersistedState> Load() override;
   absl::Status Commit(const CommitBatch& batch) override;
+  absl::Status CheckSpace() override ABSL_LOCKS_EXCLUDED(space_mu_);
 
  private:
   RocksDbStorage(Options options, std::unique_ptr<rocksdb::DB> db);
@@ -57,6 +78,10 @@ class RocksDbStorage : public Storage {
   std::unique_ptr<rocksdb::DB> db_;
   // The compacted revision as last written (events up to it are already deleted).
   int64_t compacted_revision_ = 1;
+
+  absl::Mutex space_mu_;
+  absl::Time space_checked_ ABSL_GUARDED_BY(space_mu_) = absl::InfinitePast();
+  absl::Status space_ ABSL_GUARDED_BY(space_mu_);
 };
 
 }  // namespace shardcache

@@ -5,7 +5,7 @@
 // and read once, at start-up.
 //
 // Thread-safety: Load is called once, before any Commit. Commit is called from one thread at a
-// time (the store's committer), in revision order.
+// time (the store's committer), in revision order. CheckSpace may be called from any thread.
 #ifndef SHARDCACHE_CACHE_SERVER_STORAGE_H_
 #define SHARDCACHE_CACHE_SERVER_STORAGE_H_
 
@@ -58,6 +58,10 @@ class Storage {
   // Applies `batch` atomically; when it returns OK the batch is durable (subject to the
   // backend's sync setting).
   virtual absl::Status Commit(const CommitBatch& batch) = 0;
+  // Whether there is room for new writes: OK, or RESOURCE_EXHAUSTED with reason NO_SPACE
+  // (common/error_info.h) when the disk is nearly full. Cheap (the answer may be about a second
+  // old). Thread-safe, unlike Load and Commit.
+  virtual absl::Status CheckSpace() { return absl::OkStatus(); }
 };
 
 }  // namespace shardcache

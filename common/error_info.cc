@@ -40,6 +40,16 @@ absl::Status FencedError(absl::string_view message, absl::string_view shard, int
   return WithErrorInfo(absl::FailedPreconditionError(message), info);
 }
 
+absl::Status NoSpaceError(absl::string_view message, uint64_t free_bytes, uint64_t reserve_bytes) {
+  google::rpc::ErrorInfo info;
+  info.set_reason(kReasonNoSpace);
+  info.set_domain(kErrorDomain);
+  auto& metadata = *info.mutable_metadata();
+  metadata["freeBytes"] = absl::StrCat(free_bytes);
+  metadata["reserveBytes"] = absl::StrCat(reserve_bytes);
+  return WithErrorInfo(absl::ResourceExhaustedError(message), info);
+}
+
 bool IsFenced(const absl::Status& status) { return HasReason(status, kReasonFenced); }
 
 bool IsFenced(const grpc::Status& status) { return IsFenced(FromGrpcStatus(status)); }

@@ -10,6 +10,10 @@
 //   FENCED  FAILED_PRECONDITION: the write or claim carries an epoch lower than the one the store
 //           holds for its shard (a newer leader holds the shard). Metadata: "shard", the shard;
 //           "epoch", the store's epoch for it; "requestEpoch", the epoch the request carried.
+//   NO_SPACE RESOURCE_EXHAUSTED: the disk of the store's data directory has less free space than
+//           the store keeps in reserve; writes are refused until space is freed (reads, watches
+//           and deletes go on). Metadata: "freeBytes", the free space seen; "reserveBytes", the
+//           reserve.
 //
 //   absl::Status s = client->Update(req);
 //   if (IsFenced(s)) resign();
@@ -32,6 +36,7 @@ namespace shardcache {
 inline constexpr char kErrorInfoTypeUrl[] = "type.googleapis.com/google.rpc.ErrorInfo";
 inline constexpr char kErrorDomain[] = "shardcache.io";
 inline constexpr char kReasonFenced[] = "FENCED";
+inline constexpr char kReasonNoSpace[] = "NO_SPACE";
 
 // `status` with `info` attached (replacing any ErrorInfo it had). OK stays OK.
 absl::Status WithErrorInfo(absl::Status status, const google::rpc::ErrorInfo& info);
@@ -44,6 +49,10 @@ bool HasReason(const absl::Status& status, absl::string_view reason);
 // holds `epoch`; `message` is the human-readable text.
 absl::Status FencedError(absl::string_view message, absl::string_view shard, int64_t epoch,
                          int64_t request_epoch);
+// The RESOURCE_EXHAUSTED of a write refused because the disk has `free_bytes` free, below
+// `reserve_bytes`; `message` is the human-readable text.
+absl::Status NoSpaceError(absl::string_view message, uint64_t free_bytes, uint64_t reserve_bytes);
+
 // True when the status says fenced: reason FENCED of kErrorDomain.
 bool IsFenced(const absl::Status& status);
 bool IsFenced(const grpc::Status& status);

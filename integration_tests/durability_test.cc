@@ -34,6 +34,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/error_info.h"
 #include "common/grpc_status.h"
 #include "common/testing/server_process.h"
 #include "common/testing/status_matchers.h"
@@ -515,6 +516,34 @@ TEST_F(DurabilityTest, FencingEpochs_PersistAcrossRestart) {
   other.mutable_fence()->set_shard("b");
   *other.mutable_object() = Obj("f1", 6);
   EXPECT_TRUE(Ok(stub_->Update(Context().get(), other, &out)));
+}
+
+// The real binary keeps --min-free-disk-bytes in reserve: with a reserve larger than any disk,
+// creates are refused with RESOURCE_EXHAUSTED and reason NO_SPACE on the wire, while reads and
+// deletes are still served.
+TEST_F(DurabilityTest, DiskReserve_NotAvailable_RefusesCreatesAndServesReadsAndDeletes) {
+  StartServer({"--min-free-disk-bytes=1152921504606846976"});
+  v1::CreateRequest req;
+  *req.mutable_resource() = widgets_;
+  *req.mutable_object() = Obj("r1");
+  v1::Object out;
+  absl::Status refused = FromGrpcStatus(stub_->Create(Context().get(), req, &out));
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kResourceExhausted,
+                                HasSubstr("kept in reserve (--min-free-disk-bytes)")));
+  EXPECT_TRUE(HasReason(refused, kReasonNoSpace)) << refused;
+  v1::ListRequest list;
+  *list.mutable_resource() = widgets_;
+  v1::ListResponse listed;
+  ASSERT_TRUE(Ok(stub_->List(Context().get(), list, &listed)));
+  EXPECT_EQ(listed.items_size(), 0);
+  v1::DeleteRequest del;
+  *del.mutable_resource() = widgets_;
+  del.set_cluster("c1");
+  del.set_namespace_("ns1");
+  del.set_name("r1");
+  v1::DeleteResponse deleted;
+  EXPECT_EQ(stub_->Delete(Context().get(), del, &deleted).error_code(), grpc::StatusCode::NOT_FOUND)
+      << "a delete is not refused for want of space";
 }
 
 // A leader may claim its epoch with a write that changes nothing (no new revision). Once that

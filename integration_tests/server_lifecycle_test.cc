@@ -228,6 +228,10 @@ class BusyPort {
 
 TEST(RefuseToStartTest, BadRole) { ExpectRefused(RunCacheServer({"--role=primary"}), "--role"); }
 
+TEST(RefuseToStartTest, NegativeDiskReserve) {
+  ExpectRefused(RunCacheServer({"--min-free-disk-bytes=-1"}), "--min-free-disk-bytes: must not");
+}
+
 // Abseil's parser would exit 1 with its own message: every bad flag takes the one path.
 TEST(RefuseToStartTest, UnknownOrUnparsableFlag_ExitsTwoNamingIt) {
   ExpectRefused(RunCacheServer({"--bogus-flag=1"}), "--bogus-flag: unknown flag", 2);
