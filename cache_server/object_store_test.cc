@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "cache_server/rocksdb_storage.h"
+#include "cache_server/testing/fake_watcher.h"
 #include "cache_server/testing/in_process_server.h"
 #include "common/testing/server_process.h"
 #include "common/testing/status_matchers.h"
@@ -19,6 +20,7 @@ namespace shardcache {
 namespace {
 
 using ::shardcache::testing::IsOk;
+using ::shardcache::testing::RecordingWatcher;
 using ::shardcache::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -59,45 +61,6 @@ v1::Object Widget(const std::string& name, const std::string& labels = "{}",
   return Obj(absl::StrCat(R"({"metadata":{"cluster":"root","namespace":"default","name":")", name,
                           R"(","labels":)", labels, R"(},"spec":)", spec, "}"));
 }
-
-// Records what the WatchCache delivers.
-class RecordingWatcher : public Watcher {
- public:
-  void Init(WatchSpec spec,
-            std::vector<std::pair<v1::WatchEvent::Type, ObjectRef>> initial) override {
-    spec_ = std::move(spec);
-    absl::MutexLock l(&mu_);
-    for (auto& [type, obj] : initial) events_.push_back(Describe(type, *obj));
-  }
-  const WatchSpec& spec() const override { return spec_; }
-  bool Deliver(const Delivery& d) override {
-    absl::MutexLock l(&mu_);
-    events_.push_back(Describe(d.type, *d.object));
-    return true;
-  }
-  bool HasRoom() const override { return true; }
-  void Bookmark(int64_t) override {}
-  void End(const absl::Status& status) override {
-    absl::MutexLock l(&mu_);
-    events_.push_back(absl::StrCat("END ", absl::StatusCodeToString(status.code())));
-  }
-  // Waits until `n` events were recorded (or 10 s) and returns them.
-  std::vector<std::string> WaitFor(size_t n) {
-    absl::MutexLock l(&mu_);
-    auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return events_.size() >= n; };
-    mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
-    return events_;
-  }
-
- private:
-  static std::string Describe(v1::WatchEvent::Type type, const v1::Object& o) {
-    return absl::StrCat(v1::WatchEvent::Type_Name(type), " ", o.metadata().name(), " ",
-                        o.metadata().resource_version());
-  }
-  WatchSpec spec_;
-  absl::Mutex mu_;
-  std::vector<std::string> events_ ABSL_GUARDED_BY(mu_);
-};
 
 class ObjectStoreTest : public ::testing::Test {
  protected:

@@ -1,10 +1,11 @@
 // FakeWatcher and FakeHistory: a Watcher that records what reaches it, with a queue bound that a
 // test sets and drains by hand (as a client reads), and an EventHistory kept in a vector, with a
 // compaction point that a test moves. For the fan-out's tests (fan_out_test.cc,
-// watch_cache_test.cc), which need no network.
+// watch_cache_test.cc), which need no network. RecordingWatcher: a Watcher that records every
+// event it is given, for the store's tests.
 //
 // Thread-safety: FakeWatcher is thread-safe (the fan-out calls it on a dispatcher thread, the
-// test reads it on its own); FakeHistory too.
+// test reads it on its own); FakeHistory and RecordingWatcher too.
 #ifndef SHARDCACHE_CACHE_SERVER_TESTING_FAKE_WATCHER_H_
 #define SHARDCACHE_CACHE_SERVER_TESTING_FAKE_WATCHER_H_
 
@@ -178,6 +179,46 @@ inline EventPtr MakeEvent(int64_t rev, v1::WatchEvent::Type type, const std::str
   }
   return e;
 }
+
+// Records "TYPE name resourceVersion" for each initial event (Init) and each event delivered, and
+// "END CODE"; never full. For the store's tests (object_store_test.cc, power_loss_test.cc).
+class RecordingWatcher : public Watcher {
+ public:
+  void Init(WatchSpec spec,
+            std::vector<std::pair<v1::WatchEvent::Type, ObjectRef>> initial) override {
+    spec_ = std::move(spec);
+    absl::MutexLock l(&mu_);
+    for (auto& [type, obj] : initial) events_.push_back(Describe(type, *obj));
+  }
+  const WatchSpec& spec() const override { return spec_; }
+  bool Deliver(const Delivery& d) override {
+    absl::MutexLock l(&mu_);
+    events_.push_back(Describe(d.type, *d.object));
+    return true;
+  }
+  bool HasRoom() const override { return true; }
+  void Bookmark(int64_t) override {}
+  void End(const absl::Status& status) override {
+    absl::MutexLock l(&mu_);
+    events_.push_back(absl::StrCat("END ", absl::StatusCodeToString(status.code())));
+  }
+  // Waits until `n` events were recorded (or 10 s) and returns them.
+  std::vector<std::string> WaitFor(size_t n) {
+    absl::MutexLock l(&mu_);
+    auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return events_.size() >= n; };
+    mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
+    return events_;
+  }
+
+ private:
+  static std::string Describe(v1::WatchEvent::Type type, const v1::Object& o) {
+    return absl::StrCat(v1::WatchEvent::Type_Name(type), " ", o.metadata().name(), " ",
+                        o.metadata().resource_version());
+  }
+  WatchSpec spec_;
+  absl::Mutex mu_;
+  std::vector<std::string> events_ ABSL_GUARDED_BY(mu_);
+};
 
 }  // namespace shardcache::testing
 
