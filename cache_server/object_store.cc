@@ -183,6 +183,7 @@ void ObjectStore::OnDurable(int64_t revision) {
 }
 
 void ObjectStore::OnIdle() {
+  (void)CheckSpace();  // keeps the metric current while no write comes
   absl::MutexLock l(&mu_);
   CompactLocked();  // let old events leave the window by age
 }
@@ -372,7 +373,10 @@ void ObjectStore::CompactLocked() {
 }
 
 absl::Status ObjectStore::CheckSpace() const {
-  return options_.storage == nullptr ? absl::OkStatus() : options_.storage->CheckSpace();
+  if (options_.storage == nullptr) return absl::OkStatus();
+  absl::Status space = options_.storage->CheckSpace();
+  metrics_->writes_refused_no_space.Set(space.ok() ? 0 : 1);
+  return space;
 }
 
 void ObjectStore::CreateAsync(const v1::CreateRequest& req, ObjectCallback done) {

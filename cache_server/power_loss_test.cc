@@ -377,6 +377,7 @@ TEST_F(PowerLossTest, FullDisk_RefusesWritesOnly_UntilSpaceReturns) {
   EXPECT_THAT(refused, StatusIs(absl::StatusCode::kResourceExhausted,
                                 HasSubstr("has 4096 bytes free, less than the 1048576")));
   EXPECT_TRUE(HasReason(refused.status(), kReasonNoSpace));
+  EXPECT_EQ(open->metrics.writes_refused_no_space.Value(), 1);
   v1::UpdateRequest update;
   *update.mutable_resource() = Gvr("example.com", "widgets");
   *update.mutable_object() = Widget("w1", 3);
@@ -404,6 +405,7 @@ TEST_F(PowerLossTest, FullDisk_RefusesWritesOnly_UntilSpaceReturns) {
   fs_->SetFreeSpace(std::nullopt);
   clock.Advance(absl::Seconds(2));
   EXPECT_THAT(store->Create(create), IsOk());
+  EXPECT_EQ(open->metrics.writes_refused_no_space.Value(), 0);
   open->cache.Unregister(&watcher);
 }
 

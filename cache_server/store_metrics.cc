@@ -49,6 +49,10 @@ StoreMetrics::StoreMetrics(std::shared_ptr<prometheus::Registry> registry)
       watch_catch_up_events(MakeCounter(*registry, "shardcache_store_watch_catch_up_events_total",
                                         "Events delivered from the history window to parked "
                                         "watchers.")),
+      writes_refused_no_space(MakeGauge(
+          *registry, "shardcache_store_writes_refused_no_space",
+          "1 while creates and updates are refused because the disk of the data directory has "
+          "less free space than --min-free-disk-bytes.")),
       registry_(std::move(registry)),
       requests_(prometheus::BuildCounter()
                     .Name("shardcache_grpc_requests_total")

@@ -39,6 +39,8 @@ class StoreMetrics {
   prometheus::Gauge& watchers_parked;
   prometheus::Counter& watchers_too_old;
   prometheus::Counter& watch_catch_up_events;
+  // 1 while creates and updates are refused for want of disk space (Storage::CheckSpace).
+  prometheus::Gauge& writes_refused_no_space;
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
