@@ -255,9 +255,16 @@ class MonitoringTest(unittest.TestCase):
 
         groups = prometheus.api("rules")["groups"]
         rules = [rule for group in groups for rule in group["rules"]]
-        self.assertEqual(len(rules), 8, json.dumps(groups)[:2000])
+        self.assertEqual(len(rules), 9, json.dumps(groups)[:2000])
         for rule in rules:
             self.assertEqual(rule["health"], "ok", rule)
+
+        # The disk reserve rule reads a gauge that both stores export, and finds nothing on
+        # disks with room.
+        refusing = 'shardcache_store_writes_refused_no_space{job="cache_server"} == 0'
+        self.assertEqual(len(prometheus.query(refusing)), 2)
+        expr = next(r["query"] for r in rules if r["name"] == "ShardcacheDiskReserveShort")
+        self.assertEqual(prometheus.query(expr), [])
 
         # The "no leader" rule's expression, live: nothing while the replica leads; shard "a"
         # once it is stopped (its scrape fails).
