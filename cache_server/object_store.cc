@@ -374,6 +374,8 @@ void ObjectStore::CompactLocked() {
 
 absl::Status ObjectStore::CheckSpace() const {
   if (options_.storage == nullptr) return absl::OkStatus();
+  // One check at a time, so that the metric ends as the latest answer says.
+  absl::MutexLock l(&space_mu_);
   absl::Status space = options_.storage->CheckSpace();
   metrics_->writes_refused_no_space.Set(space.ok() ? 0 : 1);
   return space;

@@ -147,7 +147,7 @@ class ObjectStore : public EventHistory, private GroupCommitter::Owner {
 
   // Storage::CheckSpace: whether creates and updates are accepted (deletes and epoch claims
   // always are, so that space can be freed and a shard's leader can still fence).
-  absl::Status CheckSpace() const;
+  absl::Status CheckSpace() const ABSL_LOCKS_EXCLUDED(space_mu_);
 
   struct Version {
     int64_t revision;
@@ -198,6 +198,8 @@ class ObjectStore : public EventHistory, private GroupCommitter::Owner {
   // Constant after construction.
   const Options options_;
   WatchCache* const watch_cache_;
+  // Orders the space checks and the metric they set.
+  mutable absl::Mutex space_mu_;
   StoreMetrics* const metrics_;
   const std::string store_id_;
 
