@@ -1,7 +1,7 @@
 // WatchCache: fans the store's events out to its watchers, in revision order, off the write
 // path, and never holds a writer back for a watcher.
 //
-// Three parts (docs/design.md, "Watch fan-out"):
+// Three parts (docs/design.md, "The watch fan-out"):
 // - this class: publication and registration. The store's committer publishes each event once
 //   it is durable (Publish), which hands it to every dispatcher's inbox and returns: it never
 //   waits for a dispatcher or a watcher. A watcher is registered with one dispatcher (the one

@@ -17,7 +17,7 @@
 //     of such objects.
 // A CCR whose resource S does not serve: no copies, phase Initializing, ReplicationStarted=False,
 // Synced not True. An invalid CCR: ResourceValid=False, phase Initializing, Synced not True.
-// Every CCR's status was written by the term that leads now (docs/design.md, "Status
+// Every CCR's status was written by the term that leads now (docs/replicator-design.md, "Status
 // semantics"): S's lease names a holder, and status.epoch equals its leaseTransitions. Every CCR
 // has the replicator's finalizer and a copy in the cache (the CCR projected like any object, its
 // status included); a CCR still being deleted once converged is a difference (its deletion never

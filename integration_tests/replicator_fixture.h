@@ -91,10 +91,11 @@ std::string DescribeStatus(const v1::Object& ccr);
 // finalizers or deletionTimestamp. Otherwise a description of the differences.
 std::string CopyDiff(const v1::Object& origin, const v1::Object& copy, const std::string& shard);
 
-// How a reader tells a CCR status that holds now from the last known one (docs/design.md,
-// "Status semantics"): "" when the status was written by the term that holds `lease` (of the
-// CCR's shard) at `now` (status.epoch equals spec.leaseTransitions, a holder is named, and
-// renewTime + leaseDurationSeconds is after `now`); otherwise why it is only the last known.
+// How a reader tells a CCR status that holds now from the last known one
+// (docs/replicator-design.md, "Status semantics"): "" when the status was written by the term that
+// holds `lease` (of the CCR's shard) at `now` (status.epoch equals spec.leaseTransitions, a holder
+// is named, and renewTime + leaseDurationSeconds is after `now`); otherwise why it is only the last
+// known.
 std::string WhyLastKnown(const v1::Object& ccr, const v1::Object& lease, absl::Time now);
 // status.epoch of a CCR; -1 when absent.
 double StatusEpoch(const v1::Object& ccr);

@@ -25,7 +25,7 @@
 //     that writes it) is written only when it differs from the stored one, stamped with
 //     lastUpdateTime. A new term thus rewrites every status once (its epoch differs); while
 //     nobody leads, nothing writes it, and a reader tells it is the last known one by comparing
-//     its epoch with the lease (docs/design.md, "Status semantics").
+//     its epoch with the lease (docs/replicator-design.md, "Status semantics").
 // When a resource becomes served again (its definition came back) the CCRs that name it are
 // enqueued at once with their backoff reset. A replication controller that stops enqueues its CCR.
 //
