@@ -12,18 +12,20 @@ pick (--listen=127.0.0.1:0, --http-listen=127.0.0.1:0, --port-file):
   services, resolves every method of every service and every type they reach, describes
   grpc.health.v1.Health, calls Health/Check, then creates a ResourceDefinition and an object
   from JSON text, reads it back, lists with a label selector and watches with -max-time.
-- ReadmeExamplesTest: runs every grpcurl command of README.md's "## The API by example"
-  section, in order, with grpcurl_lite.py in grpcurl's place and the documented addresses
-  (127.0.0.1:7071 for the shard store, 127.0.0.1:7070 for the cache) pointing at a fresh shard
-  server and a fresh cache server. Each command must exit 0, unless its line ends with a comment
-  "# fails: CODE" (a gRPC code as grpcurl prints it, e.g. NotFound): then it must fail with it.
+- ReadmeExamplesTest: runs every grpcurl command of docs/api-by-example.md, in order, with
+  grpcurl_lite.py in grpcurl's place and the documented addresses (127.0.0.1:7071 for the shard
+  store, 127.0.0.1:7070 for the cache) pointing at a fresh shard server and a fresh cache server.
+  Each command must exit 0, unless its line ends with a comment "# fails: CODE" (a gRPC code as
+  grpcurl prints it, e.g. NotFound): then it must fail with it.
 - ReplicationExamplesTest (only with --replicator): the deployment of scripts/run.sh, a shard
-  store, a cache and a shard_replicator for shard "a" (127.0.0.1:8072 in README.md stands for
-  the replicator's HTTP address). Runs the "## The API by example" commands (with the replicator
-  renewing its lease in the shard store all along), then every command of the "## Replication
-  by example" section, in one shell, and checks what each of the latter prints (REPLICATION_CHECKS).
-  Replication is asynchronous: a command whose check is marked "eventually" is run again until
-  the check passes, for at most EVENTUALLY_TIMEOUT.
+  store, a cache and a shard_replicator for shard "a" (127.0.0.1:8072 in the documents stands
+  for the replicator's HTTP address). Runs the commands of docs/api-by-example.md (with the
+  replicator renewing its lease in the shard store all along), then every command of
+  docs/replication-by-example.md, in one shell, and checks what each of the latter prints
+  (REPLICATION_CHECKS). Replication is asynchronous: a command whose check is marked
+  "eventually" is run again until the check passes, for at most EVENTUALLY_TIMEOUT.
+- QuickStartTest (only with --replicator): the same deployment, fresh; runs every command of the
+  ```sh blocks of README.md's "## Quick start" and checks what each prints (QUICK_START_CHECKS).
 
 Prints "N passed, M failed" last and exits non-zero on any failure. The servers are always
 stopped at the end (SIGTERM, then SIGKILL after 10 s).
@@ -51,9 +53,15 @@ import grpcurl_lite  # noqa: E402  pylint: disable=wrong-import-position
 import grpc  # noqa: E402  pylint: disable=wrong-import-position
 
 GRPCURL_LITE = os.path.join(HERE, "grpcurl_lite.py")
-README = os.path.join(os.path.dirname(HERE), "README.md")
-README_SECTION = "## The API by example"
-REPLICATION_SECTION = "## Replication by example"
+SOURCE_DIR = os.path.dirname(HERE)
+# The documents whose examples the tests below run, relative to --source-dir, and their sections
+# (a heading and what follows it up to the next heading of its level or above).
+README = "README.md"
+QUICK_START_SECTION = "## Quick start"
+API_DOC = os.path.join("docs", "api-by-example.md")
+API_SECTION = "# The API by example"
+REPLICATION_DOC = os.path.join("docs", "replication-by-example.md")
+REPLICATION_SECTION = "# Replication by example"
 DOCUMENTED_REPLICATOR_HTTP_ADDRESS = "127.0.0.1:8072"
 DOCUMENTED_SHARD_ADDRESS = "127.0.0.1:7071"
 DOCUMENTED_CACHE_ADDRESS = "127.0.0.1:7070"
@@ -63,13 +71,13 @@ SERVER_START_TIMEOUT = 30.0
 SERVER_STOP_GRACE = 10.0
 CALL_TIMEOUT = 10.0
 COMMAND_TIMEOUT = 60.0  # one grpcurl_lite.py process
-README_COMMAND_MAX_TIME = 20  # -max-time given to README commands that set none themselves
-# The least -max-time a README command runs with. A watch that README.md ends with -max-time 2
+DOC_COMMAND_MAX_TIME = 20  # -max-time given to documented commands that set none themselves
+# The least -max-time a documented command runs with. A watch that a document ends with -max-time 2
 # prints the same events (periodic bookmarks aside) whether it is open 2 s or 6, but a busy
 # machine can take most of 2 s to start the client and resolve the method by reflection.
-README_COMMAND_MIN_MAX_TIME = 6
-README_SCRIPT_TIMEOUT = 150.0
-EVENTUALLY_TIMEOUT = 30.0  # a README command re-run until its check passes
+DOC_COMMAND_MIN_MAX_TIME = 6
+DOC_SCRIPT_TIMEOUT = 150.0
+EVENTUALLY_TIMEOUT = 30.0  # a documented command re-run until its check passes
 EVENTUALLY_INTERVAL = 0.5
 
 # Set by main() from the command line.
@@ -364,7 +372,7 @@ class ReflectionTest(unittest.TestCase):
 
         # A watch from now, ended by -max-time as grpcurl ends it: DeadlineExceeded (64 + 4).
         cli = run_grpcurl_lite([
-            "-plaintext", "-max-time", "%d" % README_COMMAND_MIN_MAX_TIME, "-d",
+            "-plaintext", "-max-time", "%d" % DOC_COMMAND_MIN_MAX_TIME, "-d",
             json.dumps({"resource": WIDGETS, "labelSelector": "tier=front"}),
             self.server.address, "shardcache.v1.Store/Watch"])
         self.assertEqual(cli.returncode, 64 + 4, cli.stderr)
@@ -517,7 +525,7 @@ leader holds the shard)
 
 
 # ----------------------------------------------------------------------------------------------
-# README.md's examples.
+# The documents' examples.
 
 _HEREDOC = re.compile(r"<<-?\s*(['\"]?)([A-Za-z_][A-Za-z_0-9]*)\1")
 _FAILS = re.compile(r"#\s*fails:\s*([A-Za-z_]+)")
@@ -535,31 +543,60 @@ def command_result(out_dir, n):
     return rc, out, err
 
 
-def readme_commands(text, section_title=README_SECTION):
+def read_doc(path):
+    """The text of a document, path relative to --source-dir."""
+    with open(os.path.join(ARGS.source_dir, path)) as f:
+        return f.read()
+
+
+_HEADING = re.compile(r"^(#{1,6}) ")
+_FENCE = re.compile(r"^```")
+
+
+def doc_section(text, section_title):
+    """The text that follows the heading line section_title (e.g. "## Quick start") up to the
+    next heading of its level or above, or the end. Lines inside ``` blocks are not headings
+    (a shell comment such as "# grpcurl ..." is not)."""
+    level = len(_HEADING.match(section_title).group(1))
+    lines = text.split("\n")
+    start = None
+    in_block = False
+    for i, line in enumerate(lines):
+        if _FENCE.match(line):
+            in_block = not in_block
+            continue
+        heading = None if in_block else _HEADING.match(line)
+        if heading is None:
+            continue
+        if start is None:
+            if line.rstrip() == section_title:
+                start = i + 1
+        elif len(heading.group(1)) <= level:
+            return "\n".join(lines[start:i]) + "\n"
+    if start is None:
+        raise AssertionError("no section %r" % section_title)
+    return "\n".join(lines[start:])
+
+
+def doc_commands(text, section_title):
     """The commands of the ```sh blocks of a section, in order, as (command, fails) pairs.
 
     A command is a line with its continuation lines (trailing backslash) and its heredoc bodies;
     fails is the code named by a trailing "# fails: CODE" comment, or None. Comment lines and
     blank lines are skipped.
     """
-    return [(command, fails) for command, fails, _ in readme_examples(text, section_title)]
+    return [(command, fails) for command, fails, _ in doc_examples(text, section_title)]
 
 
-def readme_examples(text, section_title=README_SECTION):
-    """As readme_commands, with what README.md shows each command print: (command, fails, shown).
+def doc_examples(text, section_title):
+    """As doc_commands, with what the document shows each command print: (command, fails, shown).
 
     shown is the text of the ```json block that directly follows a ```sh block (no other block
     between them), attached to the last command of that ```sh block: what grpcurl prints on
     stdout for it, byte for byte but for the values that differ from run to run (see
-    normalize_output). None for a command whose output README.md does not show.
+    normalize_output). None for a command whose output the document does not show.
     """
-    start = text.find("\n" + section_title + "\n")
-    if start < 0:
-        raise AssertionError("README.md has no section %r" % section_title)
-    section = text[start + len(section_title) + 2:]
-    following = re.search(r"^## ", section, re.M)
-    if following:
-        section = section[:following.start()]
+    section = doc_section(text, section_title)
     examples = []
     previous = None  # the language of the block before, when it was an ```sh block
     for language, block in re.findall(r"^```(\w*)\n(.*?)^```", section, re.M | re.S):
@@ -623,9 +660,9 @@ _MAX_TIME = re.compile(r"(\s-max-time\s+)(\d+(?:\.\d*)?)(?=\s)")
 
 
 def with_min_max_time(command):
-    """command, with a -max-time below README_COMMAND_MIN_MAX_TIME raised to it."""
+    """command, with a -max-time below DOC_COMMAND_MIN_MAX_TIME raised to it."""
     return _MAX_TIME.sub(
-        lambda m: m.group(1) + "%g" % max(float(m.group(2)), README_COMMAND_MIN_MAX_TIME),
+        lambda m: m.group(1) + "%g" % max(float(m.group(2)), DOC_COMMAND_MIN_MAX_TIME),
         command)
 
 
@@ -655,11 +692,11 @@ def drop_periodic_bookmarks(out):
 
 
 def assert_shown_output(test, shown, out, what, numbers=True):
-    """README.md's shown output of a command is what it printed (see normalize_output), but for
-    the periodic bookmarks of a watch, which README.md leaves out."""
+    """A document's shown output of a command is what it printed (see normalize_output), but
+    for the periodic bookmarks of a watch, which the documents leave out."""
     test.assertEqual(normalize_output(shown, numbers),
                      normalize_output(drop_periodic_bookmarks(out), numbers),
-                     "README.md shows another output than grpcurl prints for\n" + what)
+                     "the document shows another output than grpcurl prints for\n" + what)
 
 
 def _continues(text):
@@ -690,7 +727,7 @@ def _continues(text):
 
 
 class ReadmeExamplesTest(unittest.TestCase):
-    """README.md's API examples, run against a fresh shard store and a fresh cache."""
+    """docs/api-by-example.md, run against a fresh shard store and a fresh cache."""
 
     @classmethod
     def setUpClass(cls):
@@ -703,24 +740,23 @@ class ReadmeExamplesTest(unittest.TestCase):
         cls.cache.stop()
 
     def test_ApiExamples_RunAsDocumented(self):
-        with open(ARGS.readme) as f:
-            examples = readme_examples(f.read())
+        examples = doc_examples(read_doc(API_DOC), API_SECTION)
         commands = [(c, f) for c, f, _ in examples]
-        self.assertGreaterEqual(len(commands), 10, "too few grpcurl examples in README.md")
+        self.assertGreaterEqual(len(commands), 10, "too few grpcurl examples in " + API_DOC)
         self.assertGreaterEqual(len([s for _, _, s in examples if s is not None]), 5,
-                                "too few outputs shown in README.md's API examples")
+                                "too few outputs shown in " + API_DOC)
         for command, _ in commands:
             self.assertIn("grpcurl ", command)
 
-        out_dir = tempfile.mkdtemp(prefix="readme.", dir=ARGS.work_dir)
+        out_dir = tempfile.mkdtemp(prefix="api.", dir=ARGS.work_dir)
         # One shell for all, so that a variable set by one command serves the next ones.
         script = [
             "set -o pipefail",
-            # grpcurl's flags may be given again: a README command's own -max-time wins.
+            # grpcurl's flags may be given again: a documented command's own -max-time wins.
             'grpcurl() { %s %s -work-dir %s -grpc-proto-dir %s -max-time %d "$@"; }' % (
                 shell_quote(sys.executable), shell_quote(GRPCURL_LITE),
                 shell_quote(ARGS.work_dir), shell_quote(ARGS.grpc_proto_dir),
-                README_COMMAND_MAX_TIME),
+                DOC_COMMAND_MAX_TIME),
         ]
         for n, (command, _) in enumerate(commands):
             command = command.replace(DOCUMENTED_SHARD_ADDRESS, self.shard.address)
@@ -733,13 +769,13 @@ class ReadmeExamplesTest(unittest.TestCase):
         with open(script_path, "w") as f:
             f.write("\n".join(script) + "\n")
         run = subprocess.run(["/bin/bash", script_path], capture_output=True, text=True,
-                             timeout=README_SCRIPT_TIMEOUT)
+                             timeout=DOC_SCRIPT_TIMEOUT)
         self.assertEqual(run.returncode, 0, "%s\n%s" % (run.stdout, run.stderr))
 
         for n, (command, fails, shown) in enumerate(examples):
             rc, out, err = command_result(out_dir, n)
-            what = "README command %d:\n%s\nexit code %d\nstdout:\n%s\nstderr:\n%s" % (
-                n + 1, command, rc, out[-3000:], err[-3000:])
+            what = "%s command %d:\n%s\nexit code %d\nstdout:\n%s\nstderr:\n%s" % (
+                API_DOC, n + 1, command, rc, out[-3000:], err[-3000:])
             with self.subTest(command=n + 1):
                 if fails is None:
                     self.assertEqual(rc, 0, what)
@@ -928,7 +964,7 @@ def _empty_list(t, rc, out, err):
     t.assertEqual(_json(out)[0].get("items", []), [])
 
 
-# What each command of README.md's "## Replication by example" section must print, in order:
+# What each command of docs/replication-by-example.md must print, in order:
 # (a piece of the command's text, the check, whether to run it again until the check passes).
 REPLICATION_CHECKS = [
     ("/readyz", _ok, False),
@@ -952,9 +988,21 @@ REPLICATION_CHECKS = [
     ("7070 shardcache.v1.Store/List", _empty_list, True),
 ]
 
+# What each command of README.md's "## Quick start" must print, in order, as above.
+QUICK_START_CHECKS = [
+    ("/readyz", _ok, False),
+    ("gadgets.example.com", _created_named("gadgets.example.com"), False),
+    ("Store/Write", _written_three, False),
+    ("Store/Create", _created_named("gadgets"), False),
+    ("7070 shardcache.v1.Store/List", _copies_of("gadget-1", "gadget-2"), True),
+    ("Store/Update", _ok, False),
+    ("7070 shardcache.v1.Store/Watch", _watch_shows("gadget-1", "gadget-2", "gadget-3"), True),
+]
 
-class ReplicationExamplesTest(unittest.TestCase):
-    """README.md's API and replication examples, against scripts/run.sh's deployment."""
+
+class _DeploymentTest(unittest.TestCase):
+    """scripts/run.sh's deployment, fresh for each test class: a shard store, a cache and a
+    shard_replicator for shard "a", ready, and a shell that runs documented commands there."""
 
     @classmethod
     def setUpClass(cls):
@@ -973,26 +1021,14 @@ class ReplicationExamplesTest(unittest.TestCase):
         command = command.replace(DOCUMENTED_CACHE_ADDRESS, self.cache.address)
         return command.replace(DOCUMENTED_REPLICATOR_HTTP_ADDRESS, self.replicator.http_address)
 
-    def test_ReplicationExamples_RunAsDocumented(self):
-        with open(ARGS.readme) as f:
-            text = f.read()
-        api_commands = readme_commands(text)
-        examples = readme_examples(text, REPLICATION_SECTION)
-        commands = [(c, f) for c, f, _ in examples]
-        self.assertEqual(
-            [c for c, _ in commands if not re.search(r"\b(grpcurl|curl) ", c)], [],
-            "every command of the replication section runs grpcurl or curl")
-        self.assertEqual(len(commands), len(REPLICATION_CHECKS),
-                         "README.md's replication commands and REPLICATION_CHECKS differ:\n" +
-                         "\n---\n".join(c for c, _ in commands))
-
-        out_dir = tempfile.mkdtemp(prefix="replication.", dir=ARGS.work_dir)
-        shell = _Shell(out_dir, [
+    def open_shell(self, prefix):
+        out_dir = tempfile.mkdtemp(prefix=prefix, dir=ARGS.work_dir)
+        return _Shell(out_dir, [
             "set -o pipefail",
             'grpcurl() { %s %s -work-dir %s -grpc-proto-dir %s -max-time %d "$@"; }' % (
                 shell_quote(sys.executable), shell_quote(GRPCURL_LITE),
                 shell_quote(ARGS.work_dir), shell_quote(ARGS.grpc_proto_dir),
-                README_COMMAND_MAX_TIME),
+                DOC_COMMAND_MAX_TIME),
             # curl with a deadline; without curl, python's urllib in its place (GET only).
             "if command -v curl >/dev/null; then",
             '  curl() { command curl --max-time 10 "$@"; }',
@@ -1002,40 +1038,85 @@ class ReplicationExamplesTest(unittest.TestCase):
             shell_quote(sys.executable),
             "fi",
         ])
+
+    def assert_commands_and_checks(self, doc, commands, checks):
+        """Every command runs grpcurl or curl, and each has its check."""
+        self.assertEqual(
+            [c for c, _ in commands if not re.search(r"\b(grpcurl|curl) ", c)], [],
+            "every command of %s runs grpcurl or curl" % doc)
+        self.assertEqual(len(commands), len(checks),
+                         "%s's commands and their checks differ:\n" % doc +
+                         "\n---\n".join(c for c, _ in commands))
+
+    def run_checked(self, shell, doc, examples, checks):
+        """Runs each documented command in shell and checks what it printed (and, where the
+        document shows an output, that it is that one, resourceVersions aside)."""
+        for n, ((command, _, shown), (piece, check, eventually)) in enumerate(
+                zip(examples, checks)):
+            self.assertIn(piece, command, "%s command %d is not the one its checks expect" % (
+                doc, n + 1))
+            deadline = time.monotonic() + EVENTUALLY_TIMEOUT
+            while True:
+                rc, out, err, base = shell.run(check_capture(self.localize(command)))
+                try:
+                    check(self, rc, out, err)
+                    if shown is not None:
+                        # resourceVersions depend on the replicator's lease renewals.
+                        assert_shown_output(self, shown, out, command, numbers=False)
+                    break
+                except (AssertionError, KeyError, IndexError, ValueError) as e:
+                    if eventually and time.monotonic() < deadline:
+                        time.sleep(EVENTUALLY_INTERVAL)
+                        continue
+                    self.fail("%s command %d (%s):\n%s\n%s: %s\n"
+                              "exit code %d\nstdout:\n%s\nstderr:\n%s\nreplicator log:\n%s" % (
+                                  doc, n + 1, base, command, type(e).__name__, e, rc,
+                                  out[-3000:], err[-3000:], self.replicator.log()))
+
+
+class ReplicationExamplesTest(_DeploymentTest):
+    """docs/api-by-example.md, then docs/replication-by-example.md, against scripts/run.sh's
+    deployment."""
+
+    def test_ReplicationExamples_RunAsDocumented(self):
+        api_commands = doc_commands(read_doc(API_DOC), API_SECTION)
+        examples = doc_examples(read_doc(REPLICATION_DOC), REPLICATION_SECTION)
+        self.assert_commands_and_checks(REPLICATION_DOC, [(c, f) for c, f, _ in examples],
+                                        REPLICATION_CHECKS)
+        shell = self.open_shell("replication.")
         try:
-            # The API examples first, as a reader of README.md runs them, with the replicator
-            # writing its lease to the shard store all along.
+            # The API examples first, as a reader of the documents runs them, with the
+            # replicator writing its lease to the shard store all along.
             for command, fails in api_commands:
                 rc, out, err, _ = shell.run(check_capture(self.localize(command)))
-                what = "README API command:\n%s\nexit code %d\nstdout:\n%s\nstderr:\n%s" % (
-                    command, rc, out[-3000:], err[-3000:])
+                what = "%s command:\n%s\nexit code %d\nstdout:\n%s\nstderr:\n%s" % (
+                    API_DOC, command, rc, out[-3000:], err[-3000:])
                 if fails is None:
                     self.assertEqual(rc, 0, what)
                 else:
                     code = grpcurl_lite.code_from_name(fails)
                     self.assertEqual(rc, grpcurl_lite.STATUS_CODE_OFFSET + code.value[0], what)
+            self.run_checked(shell, REPLICATION_DOC, examples, REPLICATION_CHECKS)
+        finally:
+            shell.close()
 
-            for n, ((command, _, shown), (piece, check, eventually)) in enumerate(
-                    zip(examples, REPLICATION_CHECKS)):
-                self.assertIn(piece, command, "README replication command %d is not the one "
-                              "REPLICATION_CHECKS expects" % (n + 1))
-                deadline = time.monotonic() + EVENTUALLY_TIMEOUT
-                while True:
-                    rc, out, err, base = shell.run(check_capture(self.localize(command)))
-                    try:
-                        check(self, rc, out, err)
-                        if shown is not None:
-                            # resourceVersions depend on the replicator's lease renewals.
-                            assert_shown_output(self, shown, out, command, numbers=False)
-                        break
-                    except (AssertionError, KeyError, IndexError, ValueError) as e:
-                        if eventually and time.monotonic() < deadline:
-                            time.sleep(EVENTUALLY_INTERVAL)
-                            continue
-                        self.fail("README replication command %d (%s):\n%s\n%s: %s\n"
-                                  "exit code %d\nstdout:\n%s\nstderr:\n%s\nreplicator log:\n%s" % (
-                                      n + 1, base, command, type(e).__name__, e, rc,
-                                      out[-3000:], err[-3000:], self.replicator.log()))
+
+class QuickStartTest(_DeploymentTest):
+    """README.md's quick start, against scripts/run.sh's deployment on fresh stores."""
+
+    def test_QuickStart_RunsAsDocumented(self):
+        text = read_doc(README)
+        examples = doc_examples(text, QUICK_START_SECTION)
+        self.assert_commands_and_checks(README, [(c, f) for c, f, _ in examples],
+                                        QUICK_START_CHECKS)
+        # The stand-in for grpcurl that the quick start names is the one the tests run.
+        alias = re.search(r"^alias grpcurl='/usr/bin/python3 (\S+)'$",
+                          doc_section(text, QUICK_START_SECTION), re.M)
+        self.assertIsNotNone(alias, "the quick start names no stand-in for grpcurl")
+        self.assertEqual(alias.group(1), os.path.relpath(GRPCURL_LITE, SOURCE_DIR))
+        shell = self.open_shell("quickstart.")
+        try:
+            self.run_checked(shell, README, examples, QUICK_START_CHECKS)
         finally:
             shell.close()
 
@@ -1067,12 +1148,14 @@ def main():
                         help="where gRPC's protos are (Debian's grpc-proto package)")
     parser.add_argument("--work-dir", required=True,
                         help="scratch directory (server data, logs, generated code)")
-    parser.add_argument("--readme", default=README, help="the README.md with the API examples")
+    parser.add_argument("--source-dir", default=SOURCE_DIR,
+                        help="the source tree whose README.md and docs/ hold the examples")
     parser.add_argument("--replicator", help="the shard_replicator binary; without it, "
-                        "ReplicationExamplesTest does not run")
+                        "ReplicationExamplesTest and QuickStartTest do not run")
     parser.add_argument("tests", nargs="*", help="test names to run (default: all)")
     ARGS = parser.parse_args()
     ARGS.server = os.path.abspath(ARGS.server)
+    ARGS.source_dir = os.path.abspath(ARGS.source_dir)
     if ARGS.replicator:
         ARGS.replicator = os.path.abspath(ARGS.replicator)
     # A fresh directory of this run's own inside the one given, kept only when a test fails.
@@ -1085,7 +1168,7 @@ def main():
     else:
         cases = [ReflectionTest, ReadmeExamplesTest]
         if ARGS.replicator:
-            cases.append(ReplicationExamplesTest)
+            cases += [ReplicationExamplesTest, QuickStartTest]
         suite = unittest.TestSuite([loader.loadTestsFromTestCase(c) for c in cases])
     runner = unittest.TextTestRunner(stream=sys.stdout, verbosity=2, resultclass=_CountingResult)
     passed, failed = 0, 1
@@ -1102,7 +1185,7 @@ def main():
                 if server.process is not None and server.process.poll() is None:
                     server.process.kill()
         if failed:
-            print("logs, generated code and README command outputs: %s" % ARGS.work_dir)
+            print("logs, generated code and documented command outputs: %s" % ARGS.work_dir)
         else:
             shutil.rmtree(ARGS.work_dir, ignore_errors=True)
         print("%d passed, %d failed" % (passed, failed))

@@ -1,17 +1,17 @@
 #!/usr/bin/python3
-"""README.md's "## Security" examples, run as documented against TLS stores.
+"""docs/security.md's examples, run as documented against TLS stores.
 
   /usr/bin/python3 security_readme_test.py --server build/cache_server/cache_server \\
       --grpc-proto-dir /usr/share/grpc-proto --work-dir /tmp/security_readme_test
 
-Makes certificates with scripts/make-certs.sh (-o certs -s "a b", as README.md says) in a fresh
-directory, starts a cache (--role=cache) and shard "a"'s store (--role=shard --shard=a) with
-the README's TLS flags (--tls-cert-file, --tls-key-file, --client-ca-file) on loopback ports they
-pick, then runs every command of the section's ```sh blocks in one shell in that directory, with
+Makes certificates with scripts/make-certs.sh (-o certs -s "a b", as docs/security.md says) in a
+fresh directory, starts a cache (--role=cache) and shard "a"'s store (--role=shard --shard=a)
+with the page's TLS flags (--tls-cert-file, --tls-key-file, --client-ca-file) on loopback ports
+they pick, then runs every command of the page's ```sh blocks in one shell in that directory, with
 grpcurl_lite.py in grpcurl's place and the documented addresses (127.0.0.1:7070 the cache,
 127.0.0.1:7071 shard "a"'s store) pointing at those servers. Each command must exit 0 unless its
 line ends with "# fails: CODE": then it must fail with that code. The PERMISSION_DENIED message
-that README.md shows must be what one of the commands printed. Exits non-zero on any failure.
+that the page shows must be what one of the commands printed. Exits non-zero on any failure.
 """
 
 import argparse
@@ -29,13 +29,14 @@ sys.dont_write_bytecode = True  # No __pycache__ in the source tree.
 import grpcurl_lite  # noqa: E402  pylint: disable=wrong-import-position
 import reflection_test  # noqa: E402  pylint: disable=wrong-import-position
 
-SECTION = "## Security"
+DOC = os.path.join("docs", "security.md")
+SECTION = "# Security"
 MAKE_CERTS = os.path.join(os.path.dirname(HERE), "scripts", "make-certs.sh")
 ARGS = None
 
 
 class TlsServer(reflection_test.Server):
-    """A cache_server with the README's TLS flags, relative to the run directory."""
+    """A cache_server with docs/security.md's TLS flags, relative to the run directory."""
 
     def __init__(self, role, run_dir, extra=()):
         super().__init__(role)
@@ -66,9 +67,8 @@ class SecurityReadmeTest(unittest.TestCase):
         self.shard.stop()
 
     def test_SecurityExamples_RunAsDocumented(self):
-        with open(ARGS.readme) as f:
-            text = f.read()
-        commands = reflection_test.readme_commands(text, SECTION)
+        text = reflection_test.read_doc(DOC)
+        commands = reflection_test.doc_commands(text, SECTION)
         self.assertGreaterEqual(len(commands), 8, "too few grpcurl examples in the section")
         for command, _ in commands:
             self.assertIn("grpcurl ", command)
@@ -79,7 +79,7 @@ class SecurityReadmeTest(unittest.TestCase):
             "set -o pipefail",
             'grpcurl() { %s %s -work-dir %s -grpc-proto-dir %s -max-time %d "$@"; }' % (
                 q(sys.executable), q(reflection_test.GRPCURL_LITE), q(ARGS.work_dir),
-                q(ARGS.grpc_proto_dir), reflection_test.README_COMMAND_MAX_TIME),
+                q(ARGS.grpc_proto_dir), reflection_test.DOC_COMMAND_MAX_TIME),
         ]
         for n, (command, _) in enumerate(commands):
             command = command.replace(reflection_test.DOCUMENTED_SHARD_ADDRESS,
@@ -93,15 +93,15 @@ class SecurityReadmeTest(unittest.TestCase):
         with open(script_path, "w") as f:
             f.write("\n".join(script) + "\n")
         run = subprocess.run(["/bin/bash", script_path], capture_output=True, text=True,
-                             cwd=self.run_dir, timeout=reflection_test.README_SCRIPT_TIMEOUT)
+                             cwd=self.run_dir, timeout=reflection_test.DOC_SCRIPT_TIMEOUT)
         self.assertEqual(run.returncode, 0, "%s\n%s" % (run.stdout, run.stderr))
 
         errors = []
         for n, (command, fails) in enumerate(commands):
             rc, out, err = reflection_test.command_result(out_dir, n)
             errors.append(err)
-            what = "README command %d:\n%s\nexit code %d\nstdout:\n%s\nstderr:\n%s\n%s\n%s" % (
-                n + 1, command, rc, out[-3000:], err[-3000:], self.cache.log(),
+            what = "%s command %d:\n%s\nexit code %d\nstdout:\n%s\nstderr:\n%s\n%s\n%s" % (
+                DOC, n + 1, command, rc, out[-3000:], err[-3000:], self.cache.log(),
                 self.shard.log())
             with self.subTest(command=n + 1):
                 if fails is None:
@@ -111,10 +111,10 @@ class SecurityReadmeTest(unittest.TestCase):
                     self.assertEqual(rc, grpcurl_lite.STATUS_CODE_OFFSET + code.value[0], what)
                     self.assertIn("Code: %s\n" % grpcurl_lite.code_name(code), err, what)
 
-        section = text[text.index("\n" + SECTION + "\n"):]
+        section = reflection_test.doc_section(text, SECTION)
         shown = re.search(r"^```\n(ERROR:\n.*?)^```", section, re.M | re.S)
         self.assertIsNotNone(shown, "the section shows no error message")
-        self.assertIn(shown.group(1), errors, "no command printed the error the README shows")
+        self.assertIn(shown.group(1), errors, "no command printed the error the page shows")
 
 
 def main():
@@ -123,9 +123,11 @@ def main():
     parser.add_argument("--server", required=True, help="the cache_server binary")
     parser.add_argument("--grpc-proto-dir", default=grpcurl_lite.DEFAULT_GRPC_PROTO_DIR)
     parser.add_argument("--work-dir", required=True, help="scratch directory")
-    parser.add_argument("--readme", default=reflection_test.README)
+    parser.add_argument("--source-dir", default=reflection_test.SOURCE_DIR,
+                        help="the source tree whose docs/security.md holds the examples")
     ARGS = parser.parse_args()
     ARGS.server = os.path.abspath(ARGS.server)
+    ARGS.source_dir = os.path.abspath(ARGS.source_dir)
     os.makedirs(ARGS.work_dir, exist_ok=True)
     ARGS.work_dir = tempfile.mkdtemp(prefix="run.", dir=os.path.abspath(ARGS.work_dir))
     reflection_test.ARGS = ARGS
