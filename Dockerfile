@@ -69,8 +69,8 @@ COPY --from=build /out/ /usr/local/bin/
 COPY scripts/make-certs.sh /usr/local/bin/make-certs.sh
 # Fails the build if a binary needs a library that the list above lacks.
 RUN ! ldd /usr/local/bin/cache_server /usr/local/bin/shard_replicator | grep 'not found'
-# A fixed uid, so that a bind-mounted data directory can be given to it (README.md, "Running as
-# another user").
+# A fixed uid, so that a bind-mounted data directory can be given to it (docs/operations.md,
+# "Running as another user").
 RUN useradd --system --uid 999 --home-dir /var/lib/shardcache shardcache \
  && mkdir -p /var/lib/shardcache && chown shardcache:shardcache /var/lib/shardcache
 USER shardcache

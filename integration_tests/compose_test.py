@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""compose_test: the docker-compose deployment, end to end, run the way README.md runs it.
+"""compose_test: the docker-compose deployment, end to end, run the way docs/operations.md runs it.
 
   /usr/bin/python3 integration_tests/compose_test.py [--work-dir DIR] [--keep-work-dir]
 
@@ -22,14 +22,15 @@ What it checks, in order, on a copy of the source tree (certs/ is made there) wi
 project of its own (compose-test-<pid>), an image tag of its own (SHARDCACHE_IMAGE) and free
 host ports (the SHARDCACHE_*_PORT variables), so that it never touches a running deployment:
 
-- `docker-compose build`, then the README's `docker-compose up --build -d`, which must reuse
+- `docker-compose build`, then docs/operations.md's `docker-compose up --build -d`, which must reuse
   that image (the same SHARDCACHE_BUILD_JOBS for both); every service turns healthy; published
   ports are on 127.0.0.1 only, and each container is on the project's network only; the
   binaries' --version names the commit the tree was copied from.
-- The replication walk of README.md over TLS (grpcurl_lite.py with -cacert/-cert/-key, as
-  grpcurl): a definition, three objects and a CCR in shard "a"; the CCR Ready; the copies and
-  the CCR's copy in the cache; a watch on the cache that sees a change made in the shard.
-- `up -d --scale replicator-a=3`: three healthy replicas, exactly one leads (the README's
+- The replication walk of docs/replication-by-example.md over TLS (grpcurl_lite.py with
+  -cacert/-cert/-key, as grpcurl): a definition, three objects and a CCR in shard "a"; the CCR
+  Ready; the copies and the CCR's copy in the cache; a watch on the cache that sees a change
+  made in the shard.
+- `up -d --scale replicator-a=3`: three healthy replicas, exactly one leads (docs/operations.md's
   metrics loop), `logs --no-color` shows "started leading" without colour codes, and
   `exec replicator-a curl -s 127.0.0.1:8080/readyz` answers ok.
 - `docker stop` of the leader: another leads, well before the lease could expire, with the next
@@ -92,7 +93,7 @@ COMMAND_TIMEOUT = 120
 HEALTHY_TIMEOUT = 180
 EVENTUALLY_TIMEOUT = 60  # replication, a status, a leader
 CALL_TIMEOUT = 10
-# The replicator's defaults (README.md, "shard_replicator's flags").
+# The replicator's defaults (docs/operations.md, "shard_replicator's flags").
 LEASE_DURATION = 15.0
 RETRY_PERIOD = 2.0
 
@@ -490,13 +491,13 @@ class Deployment:
         eventually("every service healthy", check, timeout=HEALTHY_TIMEOUT, interval=1)
         return time.monotonic() - since
 
-    # gRPC, over TLS with the admin's certificate, as README.md's grpcurl commands.
+    # gRPC, over TLS with the admin's certificate, as docs/security.md's grpcurl commands.
 
     def tls_flags(self):
         return ["-cacert", "certs/ca.crt", "-cert", "certs/admin.crt", "-key", "certs/admin.key"]
 
     def grpcurl(self, address, method, data=None, max_time=None, stdin=None, check=True):
-        """grpcurl_lite.py as README.md runs grpcurl; returns the CompletedProcess."""
+        """grpcurl_lite.py as the documents run grpcurl; returns the CompletedProcess."""
         command = ["/usr/bin/python3", GRPCURL_LITE] + self.tls_flags()
         if max_time is not None:
             command += ["-max-time", str(max_time)]
@@ -560,7 +561,8 @@ class Deployment:
 
 
 def gadget_write(names_labels, id_base=1):
-    """The Write stream's input (as README.md's heredoc) that creates the gadgets."""
+    """The Write stream's input (as docs/replication-by-example.md's heredoc) that creates the
+    gadgets."""
     lines = []
     for i, (name, label) in enumerate(names_labels):
         lines.append(json.dumps({"id": id_base + i, "create": {
@@ -573,7 +575,7 @@ def gadget_write(names_labels, id_base=1):
 
 def define_and_select(d, shard_address, names_labels):
     """On one shard's store: the gadgets definition, the gadgets, and the CCR that selects those
-    labelled cache=yes (README.md, "Replication by example")."""
+    labelled cache=yes (docs/replication-by-example.md)."""
     d.grpcurl(shard_address, "shardcache.v1.Store/Create", {
         "resource": DEFINITIONS,
         "object": {"metadata": {"name": "gadgets.example.com"},
@@ -742,7 +744,7 @@ def step_replication_walk(d):
 
 
 def leaders(d):
-    """The README's loop: shardcache_leader_election_leading of each replicator-a replica
+    """docs/operations.md's loop: shardcache_leader_election_leading of each replicator-a replica
     ({container number: value})."""
     values = {}
     for c in d.running("replicator-a"):
@@ -856,7 +858,7 @@ def step_shard_b(d):
     start = time.monotonic()
     d.compose("-f", "docker-compose.yml", "-f", "docker-compose.shard-b.yml", "up", "-d",
               timeout=UP_TIMEOUT)
-    d.env["COMPOSE_FILE"] = SHARD_B_FILES  # README.md: or export COMPOSE_FILE=...
+    d.env["COMPOSE_FILE"] = SHARD_B_FILES  # docs/operations.md: or export COMPOSE_FILE=...
     d.close_clients()
     healthy = d.wait_healthy({"cache": 1, "shard-a": 1, "replicator-a": 2, "shard-b": 1,
                               "replicator-b": 2}, start)

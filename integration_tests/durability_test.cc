@@ -445,9 +445,9 @@ TEST_F(DurabilityTest, Definitions_PersistInShardRole) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
 }
 
-// README.md, "Backup and restore": the data directory of a store stopped with SIGTERM, archived
-// with tar and unpacked into an empty directory, serves the same objects at the same revision,
-// as the same store (its store id), with its definitions.
+// docs/operations.md, "Backup and restore": the data directory of a store stopped with SIGTERM,
+// archived with tar and unpacked into an empty directory, serves the same objects at the same
+// revision, as the same store (its store id), with its definitions.
 TEST_F(DurabilityTest, Backup_ArchiveOfAStoppedStore_RestoresTheSameStore) {
   StartServer({"--role=shard"});
   Define("example.com", "widgets", "Namespaced");

@@ -6,7 +6,7 @@
 # replicator first (it releases its lease in the shard store), then to the two stores, waiting
 # for each to drain and exit.
 #
-# Everything here is plaintext on loopback; README.md's "Security" section shows the same
+# Everything here is plaintext on loopback; docs/security.md shows the same
 # deployment with TLS, client certificates and authorization (scripts/make-certs.sh).
 #
 # Ports can be changed with SHARDCACHE_CACHE_PORT, SHARDCACHE_CACHE_HTTP_PORT,

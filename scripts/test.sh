@@ -2,8 +2,8 @@
 # Checks the layout of every C++ file (scripts/check.sh format: clang-format), installs what is
 # missing, builds, and runs every test (unit and integration) with ctest; then scripts/check.sh
 # asan tsan: the clang build with thread-safety analysis and -Werror whose unit tests run under
-# ASan+UBSan, and the ThreadSanitizer run of the concurrency suites (README.md, "Testing"); last,
-# the docker-compose deployment, built and run as README.md runs it (integration_tests/
+# ASan+UBSan, and the ThreadSanitizer run of the concurrency suites (docs/testing.md); last,
+# the docker-compose deployment, built and run as docs/operations.md runs it (integration_tests/
 # compose_test.py: a stage of its own, not a ctest test, because the image's build compiles the
 # project and would slow the timed tests that ctest runs beside it; about 12 minutes on a machine
 # that never built the image (debootstrap 3, the build 7), 2 to 3 once its layers are cached).
