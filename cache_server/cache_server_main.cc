@@ -107,7 +107,7 @@ ABSL_FLAG(absl::Duration, tls_reload_interval, absl::Seconds(10),
           "(at least 1s)");
 ABSL_FLAG(std::string, authorization_mode, "",
           "Policy: the fixed policy (admins everything, readers get/list/watch, replicators of a "
-          "shard only their shard's part; see the README's Security section), which needs "
+          "shard only their shard's part; see docs/security.md), which needs "
           "--client-ca-file; AlwaysAllow: every caller may call everything. Default: Policy "
           "with --client-ca-file, else AlwaysAllow");
 ABSL_FLAG(std::string, shard, "",
