@@ -26,6 +26,10 @@ import sys
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.dont_write_bytecode = True  # No __pycache__ in the source tree.
+import reflection_test  # noqa: E402  pylint: disable=wrong-import-position
+
 SOURCE_DIR = os.path.dirname(HERE)
 # The documents that hold the flag tables, relative to --source-dir.
 DOCS = [os.path.join("docs", "operations.md"), os.path.join("docs", "security.md")]
@@ -148,18 +152,6 @@ class DocsFlagsTest(unittest.TestCase):
         self.assertGreaterEqual(checked, 20, "too few defaults checked")
 
 
-class _CountingResult(unittest.TextTestResult):
-    """Counts successful tests, so that the summary line need not infer them."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.passed = 0
-
-    def addSuccess(self, test):
-        super().addSuccess(test)
-        self.passed += 1
-
-
 def main():
     global ARGS
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -171,7 +163,7 @@ def main():
     ARGS.server = os.path.abspath(ARGS.server)
     ARGS.replicator = os.path.abspath(ARGS.replicator)
     ARGS.source_dir = os.path.abspath(ARGS.source_dir)
-    runner = unittest.TextTestRunner(stream=sys.stdout, verbosity=2, resultclass=_CountingResult)
+    runner = unittest.TextTestRunner(stream=sys.stdout, verbosity=2, resultclass=reflection_test.CountingResult)
     result = runner.run(unittest.defaultTestLoader.loadTestsFromTestCase(DocsFlagsTest))
     failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)
     print("%d passed, %d failed" % (result.passed, failed))

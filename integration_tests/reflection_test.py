@@ -1128,7 +1128,7 @@ def shell_quote(s):
 # ----------------------------------------------------------------------------------------------
 
 
-class _CountingResult(unittest.TextTestResult):
+class CountingResult(unittest.TextTestResult):
     """Counts successful tests, so that the summary line need not infer them."""
 
     def __init__(self, *args, **kwargs):
@@ -1170,7 +1170,7 @@ def main():
         if ARGS.replicator:
             cases += [ReplicationExamplesTest, QuickStartTest]
         suite = unittest.TestSuite([loader.loadTestsFromTestCase(c) for c in cases])
-    runner = unittest.TextTestRunner(stream=sys.stdout, verbosity=2, resultclass=_CountingResult)
+    runner = unittest.TextTestRunner(stream=sys.stdout, verbosity=2, resultclass=CountingResult)
     passed, failed = 0, 1
     try:
         result = runner.run(suite)
