@@ -1,5 +1,6 @@
 #include "common/error_info.h"
 
+#include <initializer_list>
 #include <string>
 #include <utility>
 
@@ -28,26 +29,32 @@ bool HasReason(const absl::Status& status, absl::string_view reason) {
   return info.has_value() && info->domain() == kErrorDomain && info->reason() == reason;
 }
 
+namespace {
+
+// `status` with an ErrorInfo of kErrorDomain: `reason` and `metadata`.
+absl::Status WithReason(absl::Status status, absl::string_view reason,
+                        std::initializer_list<std::pair<const char*, std::string>> metadata) {
+  google::rpc::ErrorInfo info;
+  info.set_reason(std::string(reason));
+  info.set_domain(kErrorDomain);
+  for (const auto& [key, value] : metadata) (*info.mutable_metadata())[key] = value;
+  return WithErrorInfo(std::move(status), info);
+}
+
+}  // namespace
+
 absl::Status FencedError(absl::string_view message, absl::string_view shard, int64_t epoch,
                          int64_t request_epoch) {
-  google::rpc::ErrorInfo info;
-  info.set_reason(kReasonFenced);
-  info.set_domain(kErrorDomain);
-  auto& metadata = *info.mutable_metadata();
-  metadata["shard"] = std::string(shard);
-  metadata["epoch"] = absl::StrCat(epoch);
-  metadata["requestEpoch"] = absl::StrCat(request_epoch);
-  return WithErrorInfo(absl::FailedPreconditionError(message), info);
+  return WithReason(absl::FailedPreconditionError(message), kReasonFenced,
+                    {{"shard", std::string(shard)},
+                     {"epoch", absl::StrCat(epoch)},
+                     {"requestEpoch", absl::StrCat(request_epoch)}});
 }
 
 absl::Status NoSpaceError(absl::string_view message, uint64_t free_bytes, uint64_t reserve_bytes) {
-  google::rpc::ErrorInfo info;
-  info.set_reason(kReasonNoSpace);
-  info.set_domain(kErrorDomain);
-  auto& metadata = *info.mutable_metadata();
-  metadata["freeBytes"] = absl::StrCat(free_bytes);
-  metadata["reserveBytes"] = absl::StrCat(reserve_bytes);
-  return WithErrorInfo(absl::ResourceExhaustedError(message), info);
+  return WithReason(
+      absl::ResourceExhaustedError(message), kReasonNoSpace,
+      {{"freeBytes", absl::StrCat(free_bytes)}, {"reserveBytes", absl::StrCat(reserve_bytes)}});
 }
 
 bool IsFenced(const absl::Status& status) { return HasReason(status, kReasonFenced); }
