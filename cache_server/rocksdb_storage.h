@@ -58,7 +58,7 @@ class RocksDbStorage : public Storage {
     int64_t write_buffer_bytes = 8 << 20;
     // The files' environment (null: the machine's); tests inject faults through it. Not owned.
     rocksdb::Env* env = nullptr;
-    // When the free space was last looked at. Not owned.
+    // The clock that spaces the free-space checks (at most one a second). Not owned.
     Clock* clock = RealClock::Get();
   };
 
