@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -39,8 +38,11 @@ bool Exists(const std::string& path) {
 std::optional<std::string> ReadPrefix(const std::string& path, uint64_t n) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return std::nullopt;
-  std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (content.size() > n) content.resize(n);
+  std::string content;
+  char buf[64 << 10];
+  while (content.size() < n && in.read(buf, sizeof(buf)).gcount() > 0) {
+    content.append(buf, static_cast<size_t>(std::min<uint64_t>(in.gcount(), n - content.size())));
+  }
   return content;
 }
 
@@ -167,6 +169,7 @@ IOStatus FaultInjectionFs::NewWritableFile(const std::string& fname,
   IOStatus s = target()->NewWritableFile(fname, options, &file, dbg);
   if (!s.ok()) return s;
   written_[fname] = Written{};
+  ++files_created_;
   *result = std::make_unique<File>(this, fname, std::move(file), 0);
   return s;
 }

@@ -57,6 +57,12 @@ class FaultInjectionFs : public rocksdb::FileSystemWrapper {
   // What GetFreeSpace reports from now on (nullopt: the real figure).
   void SetFreeSpace(std::optional<uint64_t> bytes) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // How many files were created through it: a test checks that its store writes here at all.
+  int64_t files_created() const ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    return files_created_;
+  }
+
   // Copies what a power loss now would leave of the regular files of `dir` into `to`, which must
   // not exist (it is created).
   absl::Status PowerLossImage(const std::string& dir, const std::string& to)
@@ -123,8 +129,9 @@ class FaultInjectionFs : public rocksdb::FileSystemWrapper {
   std::atomic<bool> fail_writes_{false};
   std::atomic<bool> fail_syncs_{false};
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::optional<uint64_t> free_space_ ABSL_GUARDED_BY(mu_);
+  int64_t files_created_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, Written> written_ ABSL_GUARDED_BY(mu_);
   // Per directory, the names changed since its last fsync, each with what a power loss would
   // leave under it (nullopt: nothing).
