@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "cache_server/authorizer.h"
+#include "cache_server/kube_api_server.h"
 #include "cache_server/object_store.h"
 #include "cache_server/rocksdb_storage.h"
 #include "cache_server/store_metrics.h"
@@ -117,6 +118,10 @@ ABSL_FLAG(std::string, replicator_lease, "root/shardcache-system/shard-replicato
           "role shard: cluster/namespace/name of the lease the shard's replicators elect their "
           "leader with (their --lease-cluster, --lease-namespace, --lease-name); the Policy "
           "authorization lets them write only this lease");
+ABSL_FLAG(std::string, kube_api_listen, "",
+          "host:port of the read-only Kubernetes API view (kubectl, client-go informers; kcp's "
+          "/services/cache/shards/*/clusters/* paths; see docs/kubectl.md); empty: off. Not "
+          "yet with TLS");
 ABSL_FLAG(bool, http_tls, false,
           "serve /metrics, /healthz and /readyz over HTTPS with --tls-cert-file and "
           "--tls-key-file (reloaded like gRPC's); no client certificate is asked for");
@@ -130,6 +135,7 @@ struct Config {
   StoreService::Options service;
   std::string listen;
   std::string http_listen;
+  std::string kube_api_listen;
   std::string port_file;
   std::string data_dir;
   bool sync = true;
@@ -218,6 +224,11 @@ absl::StatusOr<Config> ConfigFromFlags() {
   c.http_listen = absl::GetFlag(FLAGS_http_listen);
   hp = SplitHostPort("--http-listen", c.http_listen);
   if (!hp.ok()) return hp.status();
+  c.kube_api_listen = absl::GetFlag(FLAGS_kube_api_listen);
+  if (!c.kube_api_listen.empty()) {
+    hp = SplitHostPort("--kube-api-listen", c.kube_api_listen);
+    if (!hp.ok()) return hp.status();
+  }
   c.port_file = absl::GetFlag(FLAGS_port_file);
   c.tls = TlsFiles{absl::GetFlag(FLAGS_tls_cert_file), absl::GetFlag(FLAGS_tls_key_file),
                    absl::GetFlag(FLAGS_client_ca_file), absl::GetFlag(FLAGS_tls_reload_interval)};
@@ -232,6 +243,11 @@ absl::StatusOr<Config> ConfigFromFlags() {
   c.http_tls = absl::GetFlag(FLAGS_http_tls);
   if (c.http_tls && c.tls.cert_file.empty()) {
     return absl::InvalidArgumentError("--http-tls: requires --tls-cert-file and --tls-key-file");
+  }
+  if (!c.kube_api_listen.empty() && c.tls.server_enabled()) {
+    return absl::InvalidArgumentError(
+        "--kube-api-listen: the Kubernetes view serves plain HTTP only, and cannot yet check "
+        "the client certificates that --tls-cert-file asks for; leave it off with TLS");
   }
   std::string mode = absl::GetFlag(FLAGS_authorization_mode);
   if (mode.empty()) mode = c.tls.ca_file.empty() ? "AlwaysAllow" : "Policy";
@@ -350,9 +366,27 @@ int Run(Config config, const std::string& role_name) {
     server->Shutdown();
     return Refuse(http_port.status());
   }
+  // The Kubernetes view reads the store directly and watches it through the Store service, over
+  // an in-process channel, so that its watchers are served as every other.
+  std::unique_ptr<KubeApiServer> kube_api;
+  int kube_api_port = 0;
+  if (!config.kube_api_listen.empty()) {
+    kube_api = std::make_unique<KubeApiServer>(KubeApiServer::Options(), &store,
+                                               server->InProcessChannel(grpc::ChannelArguments()),
+                                               registry.get());
+    absl::StatusOr<int> port = kube_api->Start(config.kube_api_listen);
+    if (!port.ok()) {
+      http.Stop();
+      server->Shutdown();
+      return Refuse(port.status());
+    }
+    kube_api_port = *port;
+  }
   if (!config.port_file.empty()) {
-    absl::Status written =
-        WritePortFile(config.port_file, {{"grpc_port", grpc_port}, {"http_port", *http_port}});
+    std::vector<std::pair<std::string, int>> ports = {{"grpc_port", grpc_port},
+                                                      {"http_port", *http_port}};
+    if (kube_api != nullptr) ports.emplace_back("kube_api_port", kube_api_port);
+    absl::Status written = WritePortFile(config.port_file, ports);
     if (!written.ok()) {
       server->Shutdown();
       return Refuse(written);
@@ -369,13 +403,15 @@ int Run(Config config, const std::string& role_name) {
       "serving role={} store_id={} grpc={} (port {}) http={} (port {}) data_dir={} sync={} "
       "min_free_disk_bytes={} max_object_bytes={} history_events={} history_age={} "
       "keepalive_time={} "
-      "keepalive_timeout={} tls={} client_certificates={} authorization={} http_tls={}",
+      "keepalive_timeout={} tls={} client_certificates={} authorization={} http_tls={} "
+      "kube_api={} (port {})",
       role_name, store.store_id(), config.listen, grpc_port, config.http_listen, *http_port,
       config.data_dir, config.sync, config.min_free_disk_bytes, config.store.max_object_bytes,
       config.store.history_events, absl::FormatDuration(config.store.history_age),
       absl::FormatDuration(config.keepalive_time), absl::FormatDuration(config.keepalive_timeout),
       config.tls.server_enabled(), !config.tls.ca_file.empty(),
-      config.authorization.has_value() ? "Policy" : "AlwaysAllow", config.http_tls);
+      config.authorization.has_value() ? "Policy" : "AlwaysAllow", config.http_tls,
+      config.kube_api_listen.empty() ? "off" : config.kube_api_listen, kube_api_port);
 
   int sig = WaitForTerminationSignal();
   spdlog::info("received signal {}: draining (up to {})", sig,
@@ -383,6 +419,8 @@ int Run(Config config, const std::string& role_name) {
   ready = false;
   server->GetHealthCheckService()->SetServingStatus(false);
   absl::Time drain_deadline = absl::Now() + config.drain_timeout;
+  // The view's watches are the Store service's calls: end them and stop the view first.
+  if (kube_api != nullptr) kube_api->Stop();
   service.Shutdown();
   size_t left = watch_cache.Shutdown(config.drain_timeout);
   if (left > 0) spdlog::warn("{} watch streams did not end in time", left);

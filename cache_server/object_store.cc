@@ -175,6 +175,23 @@ ObjectRef ObjectStore::DurableLocked(const std::string& group_resource,
   return VersionAt(k->second, durable_revision_);
 }
 
+std::vector<ObjectStore::ResourceSummary> ObjectStore::Resources() const {
+  absl::ReaderMutexLock l(&mu_);
+  std::vector<ResourceSummary> out;
+  for (const auto& [group_resource, data] : resources_) {
+    for (const auto& [key, versions] : data.keys) {
+      ObjectRef live = VersionAt(versions, durable_revision_);
+      if (live == nullptr) continue;
+      out.push_back({group_resource, !live->metadata().namespace_().empty()});
+      break;
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const ResourceSummary& a, const ResourceSummary& b) {
+    return a.group_resource < b.group_resource;
+  });
+  return out;
+}
+
 void ObjectStore::OnDurable(int64_t revision) {
   absl::MutexLock l(&mu_);
   durable_revision_ = revision;

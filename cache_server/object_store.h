@@ -137,6 +137,16 @@ class ObjectStore : public EventHistory, private GroupCommitter::Owner {
   // The durable revision: every write up to it is acknowledged or about to be.
   int64_t revision() const;
 
+  // A resource with live objects at the durable revision, as discovery describes it (the
+  // Kubernetes view, kube_api_server.h): its "group/resource" (common/resources.h GroupResource)
+  // and whether its first live object has a namespace.
+  struct ResourceSummary {
+    std::string group_resource;
+    bool namespaced = false;
+  };
+  // Every resource with live objects, ordered by group_resource.
+  std::vector<ResourceSummary> Resources() const ABSL_LOCKS_EXCLUDED(mu_);
+
   // The store's identity (PersistedState::store_id, or one made for this process when the store
   // has no storage). Every List answer carries it, and the Store service sets it on every watch
   // event. Constant.

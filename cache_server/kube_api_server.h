@@ -1,0 +1,121 @@
+// KubeApiServer: a read-only Kubernetes API view of a store (cache_server --kube-api-listen), so
+// that kubectl, client-go informers and kcp's cache clients read it with no client code of
+// their own, on kcp's cache server paths (kube_path.h).
+//
+//   GET /version, /api, /apis, /api/v1, /apis/{g}/{v}   discovery: the resources that have
+//       objects or that a ClusterCachedResource names, verbs get, list and watch
+//   GET .../{resource}                                  list: labelSelector, fieldSelector
+//       (metadata.name, metadata.namespace), limit and continue, resourceVersion and
+//       resourceVersionMatch (NotOlderThan, Exact); a Table when the client asks for one
+//   GET .../{resource}/{name}                           get
+//   GET .../{resource}?watch=true                       watch: resourceVersion,
+//       allowWatchBookmarks, sendInitialEvents, timeoutSeconds; one JSON event a line, chunked
+//   POST, PUT, PATCH, DELETE                            405 MethodNotAllowed
+// Errors are Kubernetes Status objects (kube_json.h): 400 for a malformed parameter, 404, 410
+// Expired for a resourceVersion older than the history window (for a watch: an ERROR event).
+//
+// What it guarantees: reads are the Store service's reads (ObjectStore::List and Get, at the
+// durable revision); a watch is a Watch call of the Store service made over an in-process
+// channel, so it is served by the same fan-out as every gRPC watcher, with the same history,
+// bookmarks and treatment of a slow reader (a client that stops reading stops the in-process
+// stream, which the fan-out parks and catches up, or ends); nothing is ever written.
+// HTTP/1.1, one thread per connection (at most Options::max_connections; more wait to be
+// accepted).
+//
+// Thread-safety: Start and Stop from one thread (main); requests are served on the server's own
+// threads.
+#ifndef SHARDCACHE_CACHE_SERVER_KUBE_API_SERVER_H_
+#define SHARDCACHE_CACHE_SERVER_KUBE_API_SERVER_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "cache_server/object_store.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/registry.h"
+#include "shardcache/v1/store.grpc.pb.h"
+
+namespace httplib {
+class Server;
+struct Request;
+struct Response;
+}  // namespace httplib
+
+namespace shardcache {
+
+struct KubePath;
+struct KubeReadParams;
+struct KubeResource;
+struct KubeWatch;
+
+class KubeApiServer {
+ public:
+  struct Options {
+    // The longest a watch lasts; a watch that asks for no timeoutSeconds (or a longer one) ends
+    // after this, and the client watches again, as with kube-apiserver's request timeout.
+    absl::Duration max_watch_timeout = absl::Minutes(30);
+    // A write to a client that takes longer than this ends its connection.
+    absl::Duration write_timeout = absl::Seconds(10);
+    // Connections served at once.
+    int max_connections = 4096;
+    // What /version reports as gitVersion.
+    std::string git_version = "v1.32.0-shardcache";
+  };
+
+  // `store` serves the reads; `channel` reaches the same store's Store service (in-process) for
+  // watches. Not owned; both must outlive the server.
+  KubeApiServer(Options options, const ObjectStore* store, std::shared_ptr<grpc::Channel> channel,
+                prometheus::Registry* registry);
+  ~KubeApiServer();
+  KubeApiServer(const KubeApiServer&) = delete;
+  KubeApiServer& operator=(const KubeApiServer&) = delete;
+
+  // Binds "host:port" (port 0: any free port) and serves on background threads. Returns the
+  // bound port, or UNAVAILABLE naming --kube-api-listen.
+  absl::StatusOr<int> Start(const std::string& address);
+  // Ends every watch, stops serving and joins every thread. Idempotent.
+  void Stop();
+
+ private:
+  class ConnectionThreads;
+
+  void Serve(const httplib::Request& req, httplib::Response& res);
+  void ServeDiscovery(const KubePath& path, httplib::Response& res);
+  void ServeRead(const KubePath& path, const httplib::Request& req, httplib::Response& res);
+  void ServeWatch(const KubePath& path, const KubeResource& r, const KubeReadParams& params,
+                  httplib::Response& res);
+  // One event of a watch as its client receives it (a line), or "" when it gets none.
+  static std::string RenderWatchEvent(KubeWatch* watch, const v1::WatchEvent& event);
+  // Every resource the view describes.
+  std::vector<KubeResource> Discover() const;
+  void Reply(httplib::Response& res, int code, std::string body, const char* verb);
+
+  const Options options_;
+  const ObjectStore* const store_;
+  std::unique_ptr<v1::Store::Stub> stub_;
+  prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Gauge& watches_;
+
+  std::unique_ptr<httplib::Server> server_;
+  std::thread listener_;
+  std::atomic<bool> listen_returned_{false};
+
+  absl::Mutex mu_;
+  // The watches in progress, to cancel on Stop.
+  std::set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace shardcache
+
+#endif  // SHARDCACHE_CACHE_SERVER_KUBE_API_SERVER_H_
