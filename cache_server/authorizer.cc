@@ -1,6 +1,8 @@
 #include "cache_server/authorizer.h"
 
 #include <google/protobuf/util/message_differencer.h>
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -17,6 +19,26 @@ bool HasGroup(const PeerIdentity& who, const char* group) {
   return std::find(who.groups.begin(), who.groups.end(), group) != who.groups.end();
 }
 
+// The metadata of a delegated call (Authorizer::Delegate). Binary ("-bin") keys, so that any
+// certificate name passes unchanged.
+constexpr char kDelegationTokenKey[] = "shardcache-delegation-token-bin";
+constexpr char kDelegatedUserKey[] = "shardcache-delegated-user-bin";
+constexpr char kDelegatedGroupKey[] = "shardcache-delegated-group-bin";
+
+std::string MakeDelegationToken() {
+  unsigned char bytes[32];
+  if (RAND_bytes(bytes, sizeof(bytes)) != 1) {
+    // Without randomness, no token can be trusted: delegation is then never accepted.
+    return "";
+  }
+  return std::string(reinterpret_cast<const char*>(bytes), sizeof(bytes));
+}
+
+// Compares in time independent of where they differ.
+bool SameSecret(absl::string_view a, absl::string_view b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
 std::string DescribeIdentity(const PeerIdentity& who) {
   return absl::StrCat("user \"", who.user,
                       "\" (groups: ", who.groups.empty() ? "none" : absl::StrJoin(who.groups, ", "),
@@ -28,6 +50,7 @@ std::string DescribeIdentity(const PeerIdentity& who) {
 Authorizer::Authorizer(Options options, Getter getter, prometheus::Registry& registry)
     : options_(std::move(options)),
       getter_(std::move(getter)),
+      delegation_token_(MakeDelegationToken()),
       decisions_(prometheus::BuildCounter()
                      .Name("shardcache_authorization_decisions_total")
                      .Help("Authorization decisions on Store calls (and on each write of a Write "
@@ -41,10 +64,31 @@ Authorizer::Authorizer(Options options, Getter getter, prometheus::Registry& reg
                            .Register(registry)
                            .Add({})) {}
 
-std::optional<PeerIdentity> Authorizer::Identify(const grpc::ServerContextBase& ctx) {
+std::optional<PeerIdentity> Authorizer::Identify(const grpc::ServerContextBase& ctx) const {
+  const auto& metadata = ctx.client_metadata();
+  if (auto token = metadata.find(kDelegationTokenKey); token != metadata.end()) {
+    auto user = metadata.find(kDelegatedUserKey);
+    if (!delegation_token_.empty() && user != metadata.end() &&
+        SameSecret(absl::string_view(token->second.data(), token->second.size()),
+                   delegation_token_)) {
+      PeerIdentity who;
+      who.user = std::string(user->second.data(), user->second.size());
+      auto groups = metadata.equal_range(kDelegatedGroupKey);
+      for (auto it = groups.first; it != groups.second; ++it) {
+        who.groups.emplace_back(it->second.data(), it->second.size());
+      }
+      return who;
+    }
+  }
   std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
   if (auth == nullptr) return std::nullopt;
   return PeerIdentityOf(*auth);
+}
+
+void Authorizer::Delegate(const PeerIdentity& who, grpc::ClientContext* ctx) const {
+  ctx->AddMetadata(kDelegationTokenKey, delegation_token_);
+  ctx->AddMetadata(kDelegatedUserKey, who.user);
+  for (const std::string& group : who.groups) ctx->AddMetadata(kDelegatedGroupKey, group);
 }
 
 std::string Authorizer::DescribeResource(const Attributes& a) {
@@ -257,7 +301,7 @@ absl::Status Authorizer::CheckWrite(const std::optional<PeerIdentity>& who,
 absl::Status AuthorizeCall(const Authorizer* authorizer, const grpc::ServerContextBase& ctx,
                            absl::string_view method, google::protobuf::Message* req) {
   if (authorizer == nullptr) return absl::OkStatus();
-  std::optional<PeerIdentity> who = Authorizer::Identify(ctx);
+  std::optional<PeerIdentity> who = authorizer->Identify(ctx);
   if (method == "Get") return authorizer->CheckGet(who, *static_cast<v1::GetRequest*>(req));
   if (method == "List") return authorizer->CheckList(who, *static_cast<v1::ListRequest*>(req));
   if (method == "Watch") return authorizer->CheckWatch(who, *static_cast<v1::WatchRequest*>(req));

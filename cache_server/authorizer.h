@@ -75,8 +75,16 @@ class Authorizer {
 
   Authorizer(Options options, Getter getter, prometheus::Registry& registry);
 
-  // The caller of a call: its client certificate's identity, nullopt when it sent none.
-  static std::optional<PeerIdentity> Identify(const grpc::ServerContextBase& ctx);
+  // The caller of a call: its client certificate's identity, nullopt when it sent none; or,
+  // for a call that carries this authorizer's delegation token (Delegate), the identity it
+  // names.
+  std::optional<PeerIdentity> Identify(const grpc::ServerContextBase& ctx) const;
+
+  // Delegation, for a front end of this process that authenticated its own client (the
+  // Kubernetes view over HTTPS, kube_api_server.h) and calls the Store service for it over an
+  // in-process channel: makes `ctx` carry `who` and a secret token made when this authorizer
+  // was, which never leaves the process, so that no other caller can claim an identity this way.
+  void Delegate(const PeerIdentity& who, grpc::ClientContext* ctx) const;
 
   // OK, or UNAUTHENTICATED (no identity) or PERMISSION_DENIED saying who may not do what.
   absl::Status CheckGet(const std::optional<PeerIdentity>& who, const v1::GetRequest& req) const;
@@ -127,6 +135,8 @@ class Authorizer {
 
   const Options options_;
   const Getter getter_;
+  // Random, made at construction (Delegate).
+  const std::string delegation_token_;
   prometheus::Family<prometheus::Counter>& decisions_;
   prometheus::Counter& unauthenticated_;
 };

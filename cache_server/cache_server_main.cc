@@ -120,8 +120,9 @@ ABSL_FLAG(std::string, replicator_lease, "root/shardcache-system/shard-replicato
           "authorization lets them write only this lease");
 ABSL_FLAG(std::string, kube_api_listen, "",
           "host:port of the read-only Kubernetes API view (kubectl, client-go informers; kcp's "
-          "/services/cache/shards/*/clusters/* paths; see docs/kubectl.md); empty: off. Not "
-          "yet with TLS");
+          "/services/cache/shards/*/clusters/* paths; see docs/kubectl.md); empty: off. With "
+          "--tls-cert-file it serves HTTPS, with --client-ca-file it asks for client "
+          "certificates, and the authorization policy applies as on the gRPC port");
 ABSL_FLAG(bool, http_tls, false,
           "serve /metrics, /healthz and /readyz over HTTPS with --tls-cert-file and "
           "--tls-key-file (reloaded like gRPC's); no client certificate is asked for");
@@ -243,11 +244,6 @@ absl::StatusOr<Config> ConfigFromFlags() {
   c.http_tls = absl::GetFlag(FLAGS_http_tls);
   if (c.http_tls && c.tls.cert_file.empty()) {
     return absl::InvalidArgumentError("--http-tls: requires --tls-cert-file and --tls-key-file");
-  }
-  if (!c.kube_api_listen.empty() && c.tls.server_enabled()) {
-    return absl::InvalidArgumentError(
-        "--kube-api-listen: the Kubernetes view serves plain HTTP only, and cannot yet check "
-        "the client certificates that --tls-cert-file asks for; leave it off with TLS");
   }
   std::string mode = absl::GetFlag(FLAGS_authorization_mode);
   if (mode.empty()) mode = c.tls.ca_file.empty() ? "AlwaysAllow" : "Policy";
@@ -373,7 +369,16 @@ int Run(Config config, const std::string& role_name) {
   if (!config.kube_api_listen.empty()) {
     kube_api = std::make_unique<KubeApiServer>(KubeApiServer::Options(), &store,
                                                server->InProcessChannel(grpc::ChannelArguments()),
-                                               registry.get());
+                                               authorizer.get(), registry.get());
+    if (config.tls.server_enabled()) {
+      absl::StatusOr<std::shared_ptr<ReloadingKeyPair>> keys = ReloadingKeyPair::Load(config.tls);
+      if (!keys.ok()) {
+        http.Stop();
+        server->Shutdown();
+        return Refuse(keys.status());
+      }
+      kube_api->ServeTls(*std::move(keys), config.tls.ca_file);
+    }
     absl::StatusOr<int> port = kube_api->Start(config.kube_api_listen);
     if (!port.ok()) {
       http.Stop();

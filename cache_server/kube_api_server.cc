@@ -2,6 +2,8 @@
 #include "cache_server/kube_api_server.h"
 
 #include <httplib.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -201,6 +203,28 @@ std::string TypeName(v1::WatchEvent::Type type) {
   }
 }
 
+// The identity of the client's verified certificate, or nullopt (plain HTTP, no certificate).
+std::optional<PeerIdentity> ClientIdentity(const httplib::Request& req) {
+  if (req.ssl == nullptr) return std::nullopt;
+  SSL* ssl = const_cast<SSL*>(req.ssl);
+  if (SSL_get_verify_result(ssl) != X509_V_OK) return std::nullopt;
+  X509* cert = SSL_get1_peer_certificate(ssl);
+  if (cert == nullptr) return std::nullopt;
+  std::string pem;
+  if (BIO* bio = BIO_new(BIO_s_mem()); bio != nullptr) {
+    if (PEM_write_bio_X509(bio, cert) == 1) {
+      char* data = nullptr;
+      long size = BIO_get_mem_data(bio, &data);
+      if (size > 0) pem.assign(data, static_cast<size_t>(size));
+    }
+    BIO_free(bio);
+  }
+  X509_free(cert);
+  auto identity = IdentityFromPem(pem);
+  if (!identity.ok()) return std::nullopt;
+  return *std::move(identity);
+}
+
 // The versions of a resource that ClusterCachedResource copies name, by "group/resource".
 using VersionsByResource = std::map<std::string, std::vector<std::string>>;
 
@@ -251,10 +275,12 @@ class KubeApiServer::ConnectionThreads : public httplib::TaskQueue {
 };
 
 KubeApiServer::KubeApiServer(Options options, const ObjectStore* store,
-                             std::shared_ptr<grpc::Channel> channel, prometheus::Registry* registry)
+                             std::shared_ptr<grpc::Channel> channel,
+                             const Authorizer* authorizer, prometheus::Registry* registry)
     : options_(std::move(options)),
       store_(store),
       stub_(v1::Store::NewStub(std::move(channel))),
+      authorizer_(authorizer),
       requests_(prometheus::BuildCounter()
                     .Name("shardcache_kube_api_requests_total")
                     .Help("Requests to the Kubernetes view, by verb (discovery, get, list, "
@@ -271,7 +297,30 @@ KubeApiServer::~KubeApiServer() { Stop(); }
 absl::StatusOr<int> KubeApiServer::Start(const std::string& address) {
   auto host_port = SplitHostPort("--kube-api-listen", address);
   if (!host_port.ok()) return host_port.status();
-  server_ = std::make_unique<httplib::Server>();
+  if (tls_ != nullptr) {
+    std::shared_ptr<ReloadingKeyPair> keys = tls_;
+    std::string ca = client_ca_file_;
+    server_ = std::make_unique<httplib::SSLServer>([keys, ca](SSL_CTX& ctx) {
+      keys->Install(&ctx);
+      if (ca.empty()) return true;
+      // Ask for a certificate and verify it; a client without one still connects, and is told
+      // 401 by the view, as the gRPC port tells it UNAUTHENTICATED.
+      STACK_OF(X509_NAME)* names = SSL_load_client_CA_file(ca.c_str());
+      if (names == nullptr || SSL_CTX_load_verify_locations(&ctx, ca.c_str(), nullptr) != 1) {
+        return false;
+      }
+      SSL_CTX_set_client_CA_list(&ctx, names);
+      SSL_CTX_set_verify(&ctx, SSL_VERIFY_PEER, nullptr);
+      return true;
+    });
+    if (!server_->is_valid()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--kube-api-listen: cannot serve TLS with the certificate and client CA given (",
+          ca.empty() ? "no client CA" : ca, ")"));
+    }
+  } else {
+    server_ = std::make_unique<httplib::Server>();
+  }
   server_->set_socket_options([](socket_t sock) {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
@@ -331,13 +380,25 @@ void KubeApiServer::Reply(httplib::Response& res, int code, std::string body, co
 }
 
 void KubeApiServer::Serve(const httplib::Request& req, httplib::Response& res) {
+  std::optional<PeerIdentity> who;
+  if (authorizer_ != nullptr) {
+    who = ClientIdentity(req);
+    if (!who.has_value()) {
+      Reply(res, 401,
+            StatusJson(401, "Unauthorized",
+                       "Unauthorized: a client certificate signed by the server's client CA is "
+                       "required"),
+            "get");
+      return;
+    }
+  }
   auto path = ParseKubePath(req.path);
   if (!path.ok()) {
     Reply(res, 404, StatusJson(path.status()), "get");
     return;
   }
   if (path->kind == KubePath::Kind::kResource) {
-    ServeRead(*path, req, res);
+    ServeRead(*path, who, req, res);
   } else {
     ServeDiscovery(*path, res);
   }
@@ -439,8 +500,8 @@ void KubeApiServer::ServeDiscovery(const KubePath& path, httplib::Response& res)
   }
 }
 
-void KubeApiServer::ServeRead(const KubePath& path, const httplib::Request& req,
-                              httplib::Response& res) {
+void KubeApiServer::ServeRead(const KubePath& path, const std::optional<PeerIdentity>& who,
+                              const httplib::Request& req, httplib::Response& res) {
   KubeResource r;
   r.group = path.group;
   r.version = path.version;
@@ -456,7 +517,7 @@ void KubeApiServer::ServeRead(const KubePath& path, const httplib::Request& req,
     if (!path.name.empty()) {
       params->fields.terms.push_back({true, true, path.name});
     }
-    ServeWatch(path, r, *params, res);
+    ServeWatch(path, who, r, *params, res);
     return;
   }
   v1::ListRequest list;
@@ -475,6 +536,12 @@ void KubeApiServer::ServeRead(const KubePath& path, const httplib::Request& req,
   // A namespace the fieldSelector names narrows the list as the path's would.
   for (const KubeFieldSelector::Term& t : fields.terms) {
     if (!t.name && t.equals && list.namespace_().empty()) list.set_namespace_(t.value);
+  }
+  if (authorizer_ != nullptr) {
+    if (absl::Status allowed = authorizer_->CheckList(who, list); !allowed.ok()) {
+      Reply(res, KubeErrorFor(allowed).code, StatusJson(allowed), verb);
+      return;
+    }
   }
   int64_t rv = params->resource_version;
   if (rv > 0) {
@@ -549,8 +616,9 @@ struct KubeWatch {
   bool columns_sent = false;
 };
 
-void KubeApiServer::ServeWatch(const KubePath& path, const KubeResource& r,
-                               const KubeReadParams& params, httplib::Response& res) {
+void KubeApiServer::ServeWatch(const KubePath& path, const std::optional<PeerIdentity>& who,
+                               const KubeResource& r, const KubeReadParams& params,
+                               httplib::Response& res) {
   auto watch = std::make_shared<KubeWatch>();
   v1::WatchRequest& w = watch->request;
   *w.mutable_resource() = MakeGvr(path.group, path.version, path.resource);
@@ -581,6 +649,13 @@ void KubeApiServer::ServeWatch(const KubePath& path, const KubeResource& r,
     timeout = std::min(timeout, absl::Seconds(params.timeout_seconds));
   }
   watch->ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  if (authorizer_ != nullptr) {
+    if (absl::Status allowed = authorizer_->CheckWatch(who, w); !allowed.ok()) {
+      Reply(res, KubeErrorFor(allowed).code, StatusJson(allowed), "watch");
+      return;
+    }
+    authorizer_->Delegate(*who, &watch->ctx);
+  }
   {
     absl::MutexLock l(&mu_);
     if (stopping_) {

@@ -22,6 +22,13 @@
 // HTTP/1.1, one thread per connection (at most Options::max_connections; more wait to be
 // accepted).
 //
+// Security, as the gRPC port's: over HTTPS (ServeTls) with the same certificate; with a client
+// CA, clients' certificates are requested and verified, and with an Authorizer each request is
+// checked as the Store call it stands for (CheckList for a list or get, CheckWatch for a watch;
+// discovery needs an identity only). A request without a certificate gets 401 Unauthorized, one
+// the policy refuses 403 Forbidden, both as a Status. A watch's in-process call carries the
+// client's identity by Authorizer::Delegate, so the Store service checks it once more.
+//
 // Thread-safety: Start and Stop from one thread (main); requests are served on the server's own
 // threads.
 #ifndef SHARDCACHE_CACHE_SERVER_KUBE_API_SERVER_H_
@@ -31,6 +38,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -38,7 +46,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "cache_server/authorizer.h"
 #include "cache_server/object_store.h"
+#include "common/tls.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -74,8 +84,9 @@ class KubeApiServer {
 
   // `store` serves the reads; `channel` reaches the same store's Store service (in-process) for
   // watches. Not owned; both must outlive the server.
+  // `authorizer` may be null (authorization off).
   KubeApiServer(Options options, const ObjectStore* store, std::shared_ptr<grpc::Channel> channel,
-                prometheus::Registry* registry);
+                const Authorizer* authorizer, prometheus::Registry* registry);
   ~KubeApiServer();
   KubeApiServer(const KubeApiServer&) = delete;
   KubeApiServer& operator=(const KubeApiServer&) = delete;
@@ -83,6 +94,12 @@ class KubeApiServer {
   // Binds "host:port" (port 0: any free port) and serves on background threads. Returns the
   // bound port, or UNAVAILABLE naming --kube-api-listen.
   absl::StatusOr<int> Start(const std::string& address);
+  // Serves HTTPS with `keys`; with `client_ca_file`, asks for client certificates and verifies
+  // them against it. REQUIRES: before Start.
+  void ServeTls(std::shared_ptr<ReloadingKeyPair> keys, std::string client_ca_file) {
+    tls_ = std::move(keys);
+    client_ca_file_ = std::move(client_ca_file);
+  }
   // Ends every watch, stops serving and joins every thread. Idempotent.
   void Stop();
 
@@ -91,9 +108,10 @@ class KubeApiServer {
 
   void Serve(const httplib::Request& req, httplib::Response& res);
   void ServeDiscovery(const KubePath& path, httplib::Response& res);
-  void ServeRead(const KubePath& path, const httplib::Request& req, httplib::Response& res);
-  void ServeWatch(const KubePath& path, const KubeResource& r, const KubeReadParams& params,
-                  httplib::Response& res);
+  void ServeRead(const KubePath& path, const std::optional<PeerIdentity>& who,
+                 const httplib::Request& req, httplib::Response& res);
+  void ServeWatch(const KubePath& path, const std::optional<PeerIdentity>& who,
+                  const KubeResource& r, const KubeReadParams& params, httplib::Response& res);
   // One event of a watch as its client receives it (a line), or "" when it gets none.
   static std::string RenderWatchEvent(KubeWatch* watch, const v1::WatchEvent& event);
   // Every resource the view describes.
@@ -103,6 +121,9 @@ class KubeApiServer {
   const Options options_;
   const ObjectStore* const store_;
   std::unique_ptr<v1::Store::Stub> stub_;
+  const Authorizer* const authorizer_;
+  std::shared_ptr<ReloadingKeyPair> tls_;
+  std::string client_ca_file_;
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Gauge& watches_;
 

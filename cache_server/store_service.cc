@@ -258,7 +258,7 @@ grpc::ServerUnaryReactor* StoreService::ClaimEpoch(grpc::CallbackServerContext* 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StoreService::Write(
     grpc::CallbackServerContext* ctx) {
   std::optional<PeerIdentity> who;
-  if (options_.authorizer != nullptr) who = Authorizer::Identify(*ctx);
+  if (options_.authorizer != nullptr) who = options_.authorizer->Identify(*ctx);
   return new WriteStreamReactor(this, metrics_, std::move(who));
 }
 

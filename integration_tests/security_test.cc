@@ -364,6 +364,28 @@ TEST_F(SecurityTest, ReaderCanReadButNotWrite) {
             1);
 }
 
+// The identity headers with which the Kubernetes view hands its clients' identities to the Store
+// service over its in-process channel are honoured only with the process's own secret token: a
+// network client that sends them, with any token, is still the identity of its certificate.
+TEST_F(SecurityTest, DelegationHeadersFromTheNetworkAreIgnored) {
+  ASSERT_NO_FATAL_FAILURE(StartCache());
+  const std::string before = Snapshot(cache());
+  auto reader = StubAs(cache_, "reader");
+  v1::CreateRequest create;
+  *create.mutable_resource() = WidgetsGvr();
+  *create.mutable_object() = CopyOf("w1", "a");
+  for (const std::string& token : {std::string(32, '\0'), std::string("guess"), std::string()}) {
+    auto ctx = Context();
+    ctx->AddMetadata("shardcache-delegation-token-bin", token);
+    ctx->AddMetadata("shardcache-delegated-user-bin", "admin");
+    ctx->AddMetadata("shardcache-delegated-group-bin", "shardcache:admins");
+    v1::Object out;
+    EXPECT_TRUE(
+        Denied(reader->Create(ctx.get(), create, &out), "reader", "create", "widgets.example.com"));
+  }
+  EXPECT_EQ(Snapshot(cache()), before);
+}
+
 TEST_F(SecurityTest, UntrustedClientsAreRefused) {
   ASSERT_NO_FATAL_FAILURE(StartCache());
   const int http = cache_.process->http_port();
