@@ -426,9 +426,9 @@ class Deployment:
     def __init__(self, daemon, directory):
         self.daemon = daemon
         self.dir = directory
-        ports = free_ports(6)
-        self.ports = dict(zip(("CACHE", "CACHE_HTTP", "SHARD", "SHARD_HTTP", "SHARD_B",
-                               "SHARD_B_HTTP"), ports))
+        ports = free_ports(7)
+        self.ports = dict(zip(("CACHE", "CACHE_HTTP", "CACHE_KUBE", "SHARD", "SHARD_HTTP",
+                               "SHARD_B", "SHARD_B_HTTP"), ports))
         self.env = dict(daemon.env)
         for name in ("COMPOSE_FILE", "SHARDCACHE_GIT_COMMIT", "COMPOSE_PROFILES"):
             self.env.pop(name, None)
@@ -741,6 +741,20 @@ def step_replication_walk(d):
         watch.wait(timeout=10)
         reader.join(timeout=10)
     log("a watch on the cache saw the copy of gadget-3 arrive after its label changed in the shard")
+
+    # The cache's Kubernetes view: kubectl over HTTPS with the admin's certificate, on kcp's paths.
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        raise Failure("kubectl is not on PATH (scripts/deps.sh installs kubernetes-client)")
+    server = "https://%s/services/cache/shards/*/clusters/*" % d.address("CACHE_KUBE")
+    out = run([kubectl, "--kubeconfig=/dev/null", "--cache-dir=" + os.path.join(d.dir, ".kube"),
+               "--server=" + server, "--certificate-authority=certs/ca.crt",
+               "--client-certificate=certs/admin.crt", "--client-key=certs/admin.key",
+               "get", "gadgets", "-A", "-o", "json"], cwd=d.dir).stdout
+    names = sorted(i["metadata"]["name"] for i in json.loads(out)["items"])
+    if names != ["gadget-1", "gadget-2", "gadget-3"]:
+        raise Failure("kubectl get gadgets -A through the cache's Kubernetes view: %s" % names)
+    log("kubectl get gadgets -A through the cache's Kubernetes view (HTTPS): %s" % names)
 
 
 def leaders(d):
