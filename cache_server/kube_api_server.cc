@@ -690,7 +690,9 @@ void KubeApiServer::ServeWatch(const KubePath& path, const std::optional<PeerIde
           return true;
         }
         std::string line = RenderWatchEvent(watch.get(), event);
-        if (line.empty()) return true;
+        // Nothing to send (a bookmark the client did not ask for, an object its field selector
+        // leaves out): still end the watch if the client has gone.
+        if (line.empty()) return sink.is_writable();
         return sink.write(line.data(), line.size());
       },
       [this, watch](bool) {
