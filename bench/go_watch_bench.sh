@@ -5,8 +5,12 @@
 # proto/ into the build directory), starts etcd and cache_server on 127.0.0.1 ports, runs the
 # same load against each (etcd then cache_server, --rounds times) and prints one Markdown table
 # per scenario with the ratio cache_server / etcd. See docs/BENCHMARKS.md, "Figure 10".
+# The target rest (--targets=etcd,cache,rest) is cache_server with the same writes and its
+# watchers on its Kubernetes view (--kube-api-listen) over HTTP/1.1, as client-go watches; its
+# column and its ratio to etcd go beside cache_server's.
 #
 #   bench/go_watch_bench.sh --scenario=a,b,c --rounds=2 --cache-server=/tmp/cache_server.base
+#   bench/go_watch_bench.sh --scenario=a,b --rounds=1 --targets=etcd,cache,rest
 #   bench/go_watch_bench.sh --scenario=custom -- --watchers=200 --write-rate=1000
 #
 # Scenarios (the flags of watchbench they stand for; anything after -- is added to them):
@@ -33,16 +37,17 @@ server_args=""
 extra=()
 
 usage() {
-  sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
   cat <<'EOF'
 Options:
   --scenario=LIST       a, b, c or custom, comma-separated (default a)
-  --rounds=N            rounds per scenario, each etcd then cache_server (default 2)
+  --rounds=N            rounds per scenario, each runs every target in --targets' order (default 2)
   --duration=D          how long each run writes (default 15s; scenario c: 30s unless given)
   --cache-server=PATH   the cache_server binary (default build/cache_server/cache_server)
   --server-args=ARGS    extra flags for cache_server
   --etcd=PATH           the etcd binary (default /usr/bin/etcd, Debian's etcd-server)
-  --targets=LIST        which servers, in order (default etcd,cache)
+  --targets=LIST        which targets, in order: etcd, cache (cache_server's Store service),
+                        rest (cache_server's writes, watches on its Kubernetes view) (default etcd,cache)
   --build-dir=DIR       where the Go program is built (default build-gowatch/)
   --out=DIR             where each run's output and JSON go (default BUILD_DIR/results/TIME)
   --cpuprofile          write a Go CPU profile of the client for each run into --out
@@ -132,6 +137,7 @@ trap 'stop_servers; rm -rf "$tmp"' EXIT
 
 etcd_addr=""
 cache_addr=""
+rest_addr=""
 start_servers() {  # $1: a name for this set of servers (fresh data directories)
   local dir="$tmp/$1" ports peer
   mkdir -p "$dir"
@@ -148,9 +154,13 @@ start_servers() {  # $1: a name for this set of servers (fresh data directories)
       tail -20 "$dir/etcd.log" >&2; exit 1
     fi
   fi
-  if [[ ",$targets," == *,cache,* ]]; then
+  if [[ ",$targets," == *,cache,* || ",$targets," == *,rest,* ]]; then
+    # The Kubernetes view only when a target watches through it: without it, cache_server runs
+    # as it always did.
+    local kube=()
+    [[ ",$targets," == *,rest,* ]] && kube=(--kube-api-listen=127.0.0.1:0)
     # shellcheck disable=SC2086  # --server-args is a list of flags
-    "$cache_server" --role=cache --listen=127.0.0.1:0 --http-listen=127.0.0.1:0 \
+    "$cache_server" --role=cache --listen=127.0.0.1:0 --http-listen=127.0.0.1:0 "${kube[@]}" \
       --port-file="$dir/cache.ports" --data-dir="$dir/cache" $server_args >"$dir/cache.log" 2>&1 &
     cache_pid=$!
     for _ in $(seq 300); do
@@ -163,6 +173,16 @@ start_servers() {  # $1: a name for this set of servers (fresh data directories)
     fi
     cache_addr="127.0.0.1:$(sed -n 's/^grpc_port=//p' "$dir/cache.ports")"
     "$wb" --target=cache --addr="$cache_addr" --probe=30s
+    if [[ ${#kube[@]} -gt 0 ]]; then
+      local kube_port
+      kube_port=$(sed -n 's/^kube_api_port=//p' "$dir/cache.ports")
+      if [[ -z "$kube_port" ]]; then
+        echo "go_watch_bench.sh: cache_server wrote no kube_api_port to its port file (does $cache_server have --kube-api-listen?)" >&2
+        exit 1
+      fi
+      rest_addr="127.0.0.1:$kube_port"
+      "$wb" --target=rest --addr="$cache_addr" --rest-addr="$rest_addr" --probe=30s
+    fi
   fi
 }
 
@@ -196,16 +216,18 @@ for s in "${scenario_list[@]}"; do
   jsons=()
   for r in $(seq "$rounds"); do
     for t in "${target_list[@]}"; do
+      target_flags=()
       case "$t" in
         etcd) addr=$etcd_addr; pid=$etcd_pid ;;
         cache) addr=$cache_addr; pid=$cache_pid ;;
-        *) echo "go_watch_bench.sh: unknown target $t (etcd, cache)" >&2; exit 2 ;;
+        rest) addr=$cache_addr; pid=$cache_pid; target_flags=(--rest-addr="$rest_addr") ;;
+        *) echo "go_watch_bench.sh: unknown target $t (etcd, cache, rest)" >&2; exit 2 ;;
       esac
       base="$out_dir/$s-$t-r$r"
       prof=()
       [[ $cpuprofile -eq 1 ]] && prof=(--cpuprofile="$base.pprof")
-      # shellcheck disable=SC2086  # $flags is a list of flags
-      cmd=("$wb" --target="$t" --addr="$addr" --server-pid="$pid" --duration="$d" $flags
+      # shellcheck disable=SC2086,SC2206  # $flags is a list of flags
+      cmd=("$wb" --target="$t" --addr="$addr" "${target_flags[@]}" --server-pid="$pid" --duration="$d" $flags
            "${extra[@]}" --json="$base.json" --label="scenario $s round $r" "${prof[@]}")
       echo "== scenario $s, round $r, $t: load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
       # watchbench bounds itself; this is a second bound, should it hang anyway.

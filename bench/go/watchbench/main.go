@@ -1,10 +1,13 @@
 // watchbench measures watch delivery to a grpc-go client, against cache_server or against etcd
 // 3.4, with the same client code for both: N watch streams spread over connections and
 // resources, a paced open-loop writer, and per-watcher checks that every acknowledged write of
-// the watcher's resource arrives exactly once and in revision order.
+// the watcher's resource arrives exactly once and in revision order. A third target, rest, is
+// cache_server with the same writes and its watchers on the read-only Kubernetes view
+// (--kube-api-listen) over HTTP/1.1 with net/http and encoding/json, as client-go watches.
 //
 //	watchbench --target=cache --addr=127.0.0.1:7070 --watchers=1000 --write-rate=100 --duration=15s
 //	watchbench --target=etcd  --addr=127.0.0.1:2379 --watchers=1000 --write-rate=100 --duration=15s
+//	watchbench --target=rest  --addr=127.0.0.1:7070 --rest-addr=127.0.0.1:7072 --watchers=1000
 //	watchbench --summarize etcd-1.json cache-1.json ...   # side-by-side table of earlier runs
 //
 // bench/go_watch_bench.sh builds it, starts both servers and runs it against each.
@@ -32,10 +35,12 @@ import (
 )
 
 var (
-	flagTarget          = flag.String("target", "cache", "cache (cache_server) or etcd")
-	flagAddr            = flag.String("addr", "127.0.0.1:7070", "host:port of the server's gRPC API")
+	flagTarget          = flag.String("target", "cache", "cache (cache_server), rest (cache_server's writes, watches on its Kubernetes view) or etcd")
+	flagAddr            = flag.String("addr", "127.0.0.1:7070", "host:port of the server's gRPC API (rest: the writes')")
+	flagRestAddr        = flag.String("rest-addr", "", "rest: host:port of cache_server's Kubernetes view (--kube-api-listen)")
+	flagRestRV          = flag.String("rest-resource-version", "0", "rest: the resourceVersion of each watch (with sendInitialEvents=true and resourceVersionMatch=NotOlderThan); \"\": none, as a client-go reflector's first watch-list")
 	flagWatchers        = flag.Int("watchers", 1000, "watch streams")
-	flagPerConn         = flag.Int("watchers-per-conn", 16, "watch streams per gRPC connection (HTTP/2 connection)")
+	flagPerConn         = flag.Int("watchers-per-conn", 16, "watch streams per gRPC connection (HTTP/2 connection); rest: unused, every watch has an HTTP/1.1 connection of its own")
 	flagResources       = flag.Int("resources", 1, "resources the watchers are spread over (watcher i watches resource i mod N); the writes go round-robin over them")
 	flagWriteRate       = flag.Float64("write-rate", 100, "writes per second offered, paced open-loop")
 	flagDuration        = flag.Duration("duration", 15*time.Second, "how long the writer writes")
@@ -55,7 +60,7 @@ var (
 	flagJSON            = flag.String("json", "", "also write the figures to this file, for --summarize")
 	flagCPUProfile      = flag.String("cpuprofile", "", "write a Go CPU profile of the client, from the first write to the end of the drain")
 	flagLabel           = flag.String("label", "", "free text recorded with the figures (e.g. the round)")
-	flagSummarize       = flag.Bool("summarize", false, "read the --json files named as arguments and print one side-by-side table (mean of rounds, ratio cache_server / etcd)")
+	flagSummarize       = flag.Bool("summarize", false, "read the --json files named as arguments and print one side-by-side table (mean of rounds, ratio of cache_server, and of its REST view when there are runs of it, to etcd)")
 	flagFreePorts       = flag.Int("free-ports", 0, "print this many free loopback TCP ports and exit")
 	flagProbe           = flag.Duration("probe", 0, "wait up to this long for the server at --addr to answer a read, then exit (0 when it did)")
 	flagWaitStopTimeout = 10 * time.Second
@@ -74,10 +79,15 @@ func main() {
 	switch *flagTarget {
 	case "cache", "cache_server":
 		t = &cacheTarget{cluster: "bench-" + run, batch: *flagBatch, json: *flagJSONObjects}
+	case "rest":
+		if *flagRestAddr == "" {
+			fatalf("--target=rest needs --rest-addr (cache_server's --kube-api-listen)")
+		}
+		t = &restTarget{cacheTarget: cacheTarget{cluster: "bench-" + run}, base: "http://" + *flagRestAddr}
 	case "etcd":
 		t = &etcdTarget{run: run}
 	default:
-		fatalf("--target=%q: want cache or etcd", *flagTarget)
+		fatalf("--target=%q: want cache, rest or etcd", *flagTarget)
 	}
 	if *flagProbe > 0 {
 		os.Exit(probe(t, *flagProbe))
@@ -260,9 +270,20 @@ func errorText(err error) string {
 	return err.Error()
 }
 
+// httpWatches is a target whose watchers do not use gRPC connections (rest): runBench dials only
+// the writer's, and hands each watcher a nil connection.
+type httpWatches interface {
+	watchConns(watchers int) int
+}
+
 func runBench(t target, run string) int {
 	nw := *flagWatchers
 	nconns := (nw + *flagPerConn - 1) / *flagPerConn
+	overHTTP := false
+	if h, ok := t.(httpWatches); ok {
+		nconns = h.watchConns(nw)
+		overHTTP = true
+	}
 	serverPid := ""
 	if *flagServerPid > 0 {
 		serverPid = strconv.Itoa(*flagServerPid)
@@ -271,8 +292,13 @@ func runBench(t target, run string) int {
 		}
 	}
 	res := &result{Target: t.name(), Command: strings.Join(os.Args, " "), Label: *flagLabel, Run: run}
-	fmt.Printf("watchbench: %s at %s: %d watchers on %d connections (%d per connection), %d resource(s), %g writes/s offered for %v, values of %d bytes\n",
-		t.name(), *flagAddr, nw, nconns, *flagPerConn, *flagResources, *flagWriteRate, *flagDuration, *flagValueBytes)
+	if overHTTP {
+		fmt.Printf("watchbench: %s: writes to %s, %d watchers on %s, each on its own HTTP/1.1 connection, %d resource(s), %g writes/s offered for %v, values of %d bytes\n",
+			t.name(), *flagAddr, nw, *flagRestAddr, *flagResources, *flagWriteRate, *flagDuration, *flagValueBytes)
+	} else {
+		fmt.Printf("watchbench: %s at %s: %d watchers on %d connections (%d per connection), %d resource(s), %g writes/s offered for %v, values of %d bytes\n",
+			t.name(), *flagAddr, nw, nconns, *flagPerConn, *flagResources, *flagWriteRate, *flagDuration, *flagValueBytes)
+	}
 
 	watchConns, err := dialAll(nconns)
 	if err != nil {
@@ -298,6 +324,10 @@ func runBench(t target, run string) int {
 	for i := range ws {
 		w := &watcher{id: i, resource: i % *flagResources, conn: i / *flagPerConn}
 		ws[i] = w
+		var conn *grpc.ClientConn
+		if !overHTTP {
+			conn = watchConns[w.conn]
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -309,7 +339,7 @@ func runBench(t target, run string) int {
 					<-setupSem
 				}
 			}
-			err := t.watch(runCtx, watchConns[w.conn], w, func() { ready.Add(1); release() })
+			err := t.watch(runCtx, conn, w, func() { ready.Add(1); release() })
 			if !released {
 				failed.Add(1)
 			}

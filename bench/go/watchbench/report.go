@@ -49,7 +49,9 @@ func (r *result) print(w io.Writer) {
 }
 
 // summarize prints one table for the runs in files: per metric, each target's mean over its
-// runs (with every run's value when there are several), and the ratio cache_server / etcd.
+// runs (with every run's value when there are several), and the ratio of each cache_server
+// column to etcd. The columns are cache_server, its Kubernetes view (rest) when there are runs
+// of it, and etcd.
 func summarize(files []string) int {
 	if len(files) == 0 {
 		fmt.Fprintln(os.Stderr, "watchbench --summarize: name the --json files of the runs")
@@ -78,6 +80,11 @@ func summarize(files []string) int {
 		}
 	}
 	targets := []string{"cache_server", "etcd"}
+	if len(byTarget["cache_server_rest"]) > 0 {
+		targets = []string{"cache_server", "cache_server_rest", "etcd"}
+	}
+	heading := map[string]string{"cache_server": "cache_server", "cache_server_rest": "cache_server REST", "etcd": "etcd"}
+	base := len(targets) - 1 // etcd, the denominator of the ratios
 	value := func(r *result, key string) (float64, bool) {
 		for _, m := range r.Metrics {
 			if m.Key == key {
@@ -115,25 +122,46 @@ func summarize(files []string) int {
 		}
 		return text, mean, true
 	}
-	fmt.Printf("| figure | cache_server | etcd | cache_server / etcd |\n|---|---:|---:|---:|\n")
+	head, rule := "| figure |", "|---|"
+	for _, t := range targets {
+		head += " " + heading[t] + " |"
+		rule += "---:|"
+	}
+	for _, t := range targets[:base] {
+		head += " " + heading[t] + " / etcd |"
+		rule += "---:|"
+	}
+	fmt.Printf("%s\n%s\n", head, rule)
 	for _, m := range order {
-		var cells [2]string
-		var means [2]float64
-		var oks [2]bool
+		cells := make([]string, len(targets))
+		means := make([]float64, len(targets))
+		oks := make([]bool, len(targets))
 		for i, t := range targets {
 			cells[i], means[i], oks[i] = cell(t, m)
 			if !oks[i] {
 				cells[i] = "n/a"
 			}
 		}
-		ratio := ""
-		if oks[0] && oks[1] && means[1] != 0 {
-			ratio = fmt.Sprintf("%.2f", means[0]/means[1])
+		row := "| " + m.Label + " |"
+		for _, c := range cells {
+			row += " " + c + " |"
 		}
-		fmt.Printf("| %s | %s | %s | %s |\n", m.Label, cells[0], cells[1], ratio)
+		for i := range targets[:base] {
+			ratio := ""
+			if oks[i] && oks[base] && means[base] != 0 {
+				ratio = fmt.Sprintf("%.2f", means[i]/means[base])
+			}
+			row += " " + ratio + " |"
+		}
+		fmt.Println(row)
 	}
-	fmt.Printf("\nValues are the mean of %d cache_server and %d etcd run(s); each run's value in brackets.\n",
-		len(byTarget["cache_server"]), len(byTarget["etcd"]))
+	var counts []string
+	for _, t := range targets {
+		counts = append(counts, fmt.Sprintf("%d %s", len(byTarget[t]), heading[t]))
+	}
+	last := len(counts) - 1
+	fmt.Printf("\nValues are the mean of %s and %s run(s); each run's value in brackets.\n",
+		strings.Join(counts[:last], ", "), counts[last])
 	for _, t := range targets {
 		for i, r := range byTarget[t] {
 			for _, n := range r.Notes {
