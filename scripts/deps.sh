@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages that building, running and testing shardcache need (clang, its
 # sanitizer runtimes and llvm's symbolizer are for scripts/check.sh's builds; Docker's engine,
-# docker-compose 1.29 and debootstrap for integration_tests/compose_test.py).
+# docker-compose 1.29 and debootstrap for integration_tests/compose_test.py; kubectl, from
+# kubernetes-client unless one is on PATH, for integration_tests/kube_api_test.py).
 #
 #   scripts/deps.sh           everything: building, the tests, the sanitizer builds
 #   scripts/deps.sh --build   only what building the two programs needs (cmake
@@ -25,6 +26,8 @@ case "${1:-}" in
       clang libclang-rt-14-dev llvm
       docker.io docker-compose debootstrap
     )
+    # kube_api_test runs the kubectl on PATH; where there is none, Debian's.
+    if ! command -v kubectl >/dev/null 2>&1; then packages+=(kubernetes-client); fi
     ;;
   *)
     echo "deps.sh: unknown argument $1 (want nothing or --build)" >&2
