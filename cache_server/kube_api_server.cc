@@ -1,6 +1,7 @@
 // KubeApiServer: see kube_api_server.h.
 #include "cache_server/kube_api_server.h"
 
+#include <google/protobuf/util/json_util.h>
 #include <httplib.h>
 #include <openssl/pem.h>
 #include <openssl/ssl.h>
@@ -19,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "cache_server/kube_json.h"
 #include "cache_server/kube_path.h"
+#include "cache_server/kube_render_cache.h"
 #include "cache_server/list_token.h"
 #include "common/grpc_status.h"
 #include "common/http_server.h"
@@ -104,9 +106,17 @@ absl::StatusOr<KubeFieldSelector> ParseFieldSelector(absl::string_view text) {
   return selector;
 }
 
-absl::StatusOr<bool> ParseBool(const httplib::Request& req, const char* name) {
-  if (!req.has_param(name)) return false;
-  std::string v = req.get_param_value(name);
+// The query's parameters (ParseQuery).
+using Query = std::map<std::string, std::string>;
+
+std::string Param(const Query& q, const char* name) {
+  auto it = q.find(name);
+  return it == q.end() ? std::string() : it->second;
+}
+
+absl::StatusOr<bool> ParseBool(const Query& q, const char* name) {
+  if (!q.count(name)) return false;
+  std::string v = Param(q, name);
   if (v == "true" || v == "1") return true;
   if (v == "false" || v == "0" || v.empty()) return false;
   return absl::InvalidArgumentError(
@@ -114,8 +124,11 @@ absl::StatusOr<bool> ParseBool(const httplib::Request& req, const char* name) {
 }
 
 absl::StatusOr<KubeReadParams> ParseReadParams(const httplib::Request& req) {
+  auto query = ParseQuery(req.target);
+  if (!query.ok()) return query.status();
+  const Query& q = *query;
   KubeReadParams p;
-  p.label_selector = req.get_param_value("labelSelector");
+  p.label_selector = Param(q, "labelSelector");
   if (!p.label_selector.empty()) {
     auto parsed = LabelSelector::Parse(p.label_selector);
     if (!parsed.ok()) {
@@ -123,25 +136,25 @@ absl::StatusOr<KubeReadParams> ParseReadParams(const httplib::Request& req) {
           "labelSelector: Invalid value: \"", p.label_selector, "\": ", parsed.status().message()));
     }
   }
-  auto fields = ParseFieldSelector(req.get_param_value("fieldSelector"));
+  auto fields = ParseFieldSelector(Param(q, "fieldSelector"));
   if (!fields.ok()) return fields.status();
   p.fields = *std::move(fields);
-  if (req.has_param("limit")) {
-    std::string v = req.get_param_value("limit");
+  if (q.count("limit")) {
+    std::string v = Param(q, "limit");
     if (!absl::SimpleAtoi(v, &p.limit) || p.limit < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("limit: Invalid value: \"", v, "\": must be a non-negative integer"));
     }
   }
-  p.continue_token = req.get_param_value("continue");
-  std::string rv = req.get_param_value("resourceVersion");
+  p.continue_token = Param(q, "continue");
+  std::string rv = Param(q, "resourceVersion");
   if (!rv.empty()) {
     if (!absl::SimpleAtoi(rv, &p.resource_version) || p.resource_version < 0) {
       return absl::InvalidArgumentError(absl::StrCat("resourceVersion: Invalid value: \"", rv,
                                                      "\": must be a non-negative integer"));
     }
   }
-  p.match = req.get_param_value("resourceVersionMatch");
+  p.match = Param(q, "resourceVersionMatch");
   if (!p.match.empty() && p.match != "NotOlderThan" && p.match != "Exact") {
     return absl::InvalidArgumentError(absl::StrCat("resourceVersionMatch: Unsupported value: \"",
                                                    p.match,
@@ -163,14 +176,14 @@ absl::StatusOr<KubeReadParams> ParseReadParams(const httplib::Request& req) {
         "resourceVersion: Forbidden: specifying resource version is not allowed when using "
         "continue");
   }
-  auto watch = ParseBool(req, "watch");
+  auto watch = ParseBool(q, "watch");
   if (!watch.ok()) return watch.status();
   p.watch = *watch;
-  auto bookmarks = ParseBool(req, "allowWatchBookmarks");
+  auto bookmarks = ParseBool(q, "allowWatchBookmarks");
   if (!bookmarks.ok()) return bookmarks.status();
   p.bookmarks = *bookmarks;
-  if (req.has_param("sendInitialEvents")) {
-    auto initial = ParseBool(req, "sendInitialEvents");
+  if (q.count("sendInitialEvents")) {
+    auto initial = ParseBool(q, "sendInitialEvents");
     if (!initial.ok()) return initial.status();
     p.send_initial_events = *initial;
     if (*initial && (p.match != "NotOlderThan" || !p.bookmarks)) {
@@ -179,8 +192,8 @@ absl::StatusOr<KubeReadParams> ParseReadParams(const httplib::Request& req) {
           "and resourceVersionMatch=NotOlderThan");
     }
   }
-  if (req.has_param("timeoutSeconds")) {
-    std::string v = req.get_param_value("timeoutSeconds");
+  if (q.count("timeoutSeconds")) {
+    std::string v = Param(q, "timeoutSeconds");
     if (!absl::SimpleAtoi(v, &p.timeout_seconds) || p.timeout_seconds < 0) {
       return absl::InvalidArgumentError(absl::StrCat("timeoutSeconds: Invalid value: \"", v,
                                                      "\": must be a non-negative integer"));
@@ -275,8 +288,8 @@ class KubeApiServer::ConnectionThreads : public httplib::TaskQueue {
 };
 
 KubeApiServer::KubeApiServer(Options options, const ObjectStore* store,
-                             std::shared_ptr<grpc::Channel> channel,
-                             const Authorizer* authorizer, prometheus::Registry* registry)
+                             std::shared_ptr<grpc::Channel> channel, const Authorizer* authorizer,
+                             prometheus::Registry* registry)
     : options_(std::move(options)),
       store_(store),
       stub_(v1::Store::NewStub(std::move(channel))),
@@ -608,6 +621,8 @@ struct KubeWatch {
   v1::WatchRequest request;
   std::unique_ptr<grpc::ClientReader<v1::WatchEvent>> reader;
   KubeResource resource;
+  // apiVersion and kind: which rendering of an object this watch sends (KubeRenderCache).
+  std::string view;
   KubeFieldSelector fields;
   bool bookmarks = false;
   // Whether the bookmark that ends the initial events is sent with its annotation.
@@ -640,7 +655,13 @@ void KubeApiServer::ServeWatch(const KubePath& path, const std::optional<PeerIde
   } else if (rv > 0) {
     w.set_resource_version(absl::StrCat(rv));
   }
+  // Objects as JSON, and several events in one message when the watcher is behind: the view
+  // renders each event once for all its watches, from that JSON (KubeRenderCache), and sends a
+  // run of events in one write.
+  w.set_json_objects(true);
+  w.set_batch_events(true);
   watch->resource = r;
+  watch->view = absl::StrCat(ApiVersion(r.group, r.version), " ", r.kind);
   watch->fields = params.fields;
   watch->bookmarks = params.bookmarks;
   watch->table = params.table;
@@ -689,11 +710,18 @@ void KubeApiServer::ServeWatch(const KubePath& path, const std::optional<PeerIde
           sink.done();
           return true;
         }
-        std::string line = RenderWatchEvent(watch.get(), event);
-        // Nothing to send (a bookmark the client did not ask for, an object its field selector
+        std::string lines;
+        if (event.events_size() == 0) {
+          RenderWatchEvent(watch.get(), event, &lines);
+        } else {
+          for (const v1::WatchEvent& one : event.events()) {
+            RenderWatchEvent(watch.get(), one, &lines);
+          }
+        }
+        // Nothing to send (a bookmark the client did not ask for, objects its field selector
         // leaves out): still end the watch if the client has gone.
-        if (line.empty()) return sink.is_writable();
-        return sink.write(line.data(), line.size());
+        if (lines.empty()) return sink.is_writable();
+        return sink.write(lines.data(), lines.size());
       },
       [this, watch](bool) {
         if (watch->reader != nullptr) {
@@ -711,22 +739,41 @@ void KubeApiServer::ServeWatch(const KubePath& path, const std::optional<PeerIde
       });
 }
 
-std::string KubeApiServer::RenderWatchEvent(KubeWatch* watch, const v1::WatchEvent& event) {
-  const v1::ObjectMeta& m = event.object().metadata();
+void KubeApiServer::RenderWatchEvent(KubeWatch* watch, const v1::WatchEvent& event,
+                                     std::string* out) {
+  const std::string& json = event.object_json();
   if (event.type() == v1::WatchEvent::BOOKMARK) {
+    if (!watch->bookmarks) return;
+    v1::Object bookmark;
+    if (!google::protobuf::util::JsonStringToMessage(json, &bookmark).ok()) return;
+    const v1::ObjectMeta& m = bookmark.metadata();
     bool end = m.annotations().contains(kInitialEventsEndAnnotation);
-    if (!watch->bookmarks) return "";
-    return WatchEventJson("BOOKMARK", BookmarkObjectJson(watch->resource, m.resource_version(),
-                                                         end && watch->initial_events_end));
+    out->append(WatchEventJson("BOOKMARK", BookmarkObjectJson(watch->resource, m.resource_version(),
+                                                              end && watch->initial_events_end)));
+    return;
   }
-  if (!watch->fields.Matches(m)) return "";
-  if (watch->table) {
-    bool columns = !watch->columns_sent;
-    watch->columns_sent = true;
-    return WatchEventJson(TypeName(event.type()), TableJson({&event.object()}, columns,
-                                                            m.resource_version(), "", absl::Now()));
+  std::string type = TypeName(event.type());
+  if (watch->table || !watch->fields.terms.empty()) {
+    // Per watch: its field selector, or a Table (whose ages change with time).
+    v1::Object object;
+    if (!google::protobuf::util::JsonStringToMessage(json, &object).ok()) return;
+    if (!watch->fields.Matches(object.metadata())) return;
+    if (watch->table) {
+      bool columns = !watch->columns_sent;
+      watch->columns_sent = true;
+      out->append(WatchEventJson(
+          type,
+          TableJson({&object}, columns, object.metadata().resource_version(), "", absl::Now())));
+      return;
+    }
   }
-  return WatchEventJson(TypeName(event.type()), ObjectJson(event.object(), watch->resource));
+  KubeRenderCache::Rendered rendered = render_cache_.Get(watch->view, json, [&] {
+    v1::Object object;
+    if (!google::protobuf::util::JsonStringToMessage(json, &object).ok()) return std::string();
+    return ObjectJson(object, watch->resource);
+  });
+  if (rendered->empty()) return;
+  out->append(WatchEventJson(type, *rendered));
 }
 
 }  // namespace shardcache

@@ -47,6 +47,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cache_server/authorizer.h"
+#include "cache_server/kube_render_cache.h"
 #include "cache_server/object_store.h"
 #include "common/tls.h"
 #include "prometheus/counter.h"
@@ -112,8 +113,9 @@ class KubeApiServer {
                  const httplib::Request& req, httplib::Response& res);
   void ServeWatch(const KubePath& path, const std::optional<PeerIdentity>& who,
                   const KubeResource& r, const KubeReadParams& params, httplib::Response& res);
-  // One event of a watch as its client receives it (a line), or "" when it gets none.
-  static std::string RenderWatchEvent(KubeWatch* watch, const v1::WatchEvent& event);
+  // Appends one event of a watch as its client receives it (a line), or nothing when it gets
+  // none.
+  void RenderWatchEvent(KubeWatch* watch, const v1::WatchEvent& event, std::string* out);
   // Every resource the view describes.
   std::vector<KubeResource> Discover() const;
   void Reply(httplib::Response& res, int code, std::string body, const char* verb);
@@ -126,6 +128,7 @@ class KubeApiServer {
   std::string client_ca_file_;
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Gauge& watches_;
+  KubeRenderCache render_cache_;
 
   std::unique_ptr<httplib::Server> server_;
   std::thread listener_;

@@ -1,6 +1,7 @@
 // KubePath parsing: see kube_path.h.
 #include "cache_server/kube_path.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -19,7 +20,54 @@ std::string Every(absl::string_view segment) {
   return segment == "*" ? std::string() : std::string(segment);
 }
 
+int HexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+absl::StatusOr<std::string> Unescape(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    if (c == '+') {
+      out.push_back(' ');
+    } else if (c == '%') {
+      int hi = i + 2 < text.size() ? HexValue(text[i + 1]) : -1;
+      int lo = hi >= 0 ? HexValue(text[i + 2]) : -1;
+      if (lo < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("invalid URL escape \"",
+                         text.substr(i, std::min<size_t>(3, text.size() - i)), "\" in the query"));
+      }
+      out.push_back(static_cast<char>(hi * 16 + lo));
+      i += 2;
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
 }  // namespace
+
+absl::StatusOr<std::map<std::string, std::string>> ParseQuery(absl::string_view target) {
+  std::map<std::string, std::string> params;
+  size_t question = target.find('?');
+  if (question == absl::string_view::npos) return params;
+  for (absl::string_view pair : absl::StrSplit(target.substr(question + 1), '&')) {
+    if (pair.empty()) continue;
+    size_t eq = pair.find('=');
+    auto name = Unescape(pair.substr(0, eq));
+    if (!name.ok()) return name.status();
+    auto value = Unescape(eq == absl::string_view::npos ? "" : pair.substr(eq + 1));
+    if (!value.ok()) return value.status();
+    params.emplace(*std::move(name), *std::move(value));  // the first one stays
+  }
+  return params;
+}
 
 absl::StatusOr<KubePath> ParseKubePath(absl::string_view path) {
   std::vector<absl::string_view> s = absl::StrSplit(path, '/', absl::SkipEmpty());

@@ -14,6 +14,7 @@
 #ifndef SHARDCACHE_CACHE_SERVER_KUBE_PATH_H_
 #define SHARDCACHE_CACHE_SERVER_KUBE_PATH_H_
 
+#include <map>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -45,6 +46,12 @@ struct KubePath {
 
 // Parses `path`. NOT_FOUND (saying what is wrong) for a path the view does not serve.
 absl::StatusOr<KubePath> ParseKubePath(absl::string_view path);
+
+// The parameters of a request target's query ("/path?a=1&b=x%3Dy"), as Go's url.ParseQuery reads
+// them: split at '&', each at its first '=', then percent-decoded ('+' is a space); the first
+// value of a repeated name wins, as url.Values.Get gives it. INVALID_ARGUMENT for a malformed
+// percent escape.
+absl::StatusOr<std::map<std::string, std::string>> ParseQuery(absl::string_view target);
 
 }  // namespace shardcache
 

@@ -76,5 +76,20 @@ TEST(KubePathTest, PathsNotServed) {
   }
 }
 
+TEST(KubeQueryTest, AsGoParsesIt) {
+  auto q = ParseQuery(
+      "/apis/g/v1/w?fieldSelector=metadata.name=w2&labelSelector=a+in+(x%2Cy)"
+      "&watch&limit=5&limit=6&continue=");
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_EQ(q->at("fieldSelector"), "metadata.name=w2");  // split at the first '='
+  EXPECT_EQ(q->at("labelSelector"), "a in (x,y)");
+  EXPECT_EQ(q->at("watch"), "");
+  EXPECT_EQ(q->at("limit"), "5");  // the first of a repeated name
+  EXPECT_EQ(q->at("continue"), "");
+  EXPECT_TRUE(ParseQuery("/apis")->empty());
+  EXPECT_EQ(ParseQuery("/a?x=%zz").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseQuery("/a?x=%4").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace shardcache

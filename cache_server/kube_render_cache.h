@@ -1,0 +1,50 @@
+// KubeRenderCache: the Kubernetes JSON of recent watch events' objects, shared by the watches of
+// the Kubernetes view (kube_api_server.h), so that an event that a thousand watchers receive is
+// rendered once, not a thousand times.
+//
+// An entry is keyed by the object's JSON as the Store service sends it (WatchRequest
+// json_objects: the proto3 JSON of the object, which names its revision, so that two versions
+// never share an entry) and by the resource view it is rendered for (apiVersion and kind). At
+// most `capacity` entries are kept; the oldest leaves first.
+//
+// Thread-safe: any thread; entries are spread over shards with a lock each.
+#ifndef SHARDCACHE_CACHE_SERVER_KUBE_RENDER_CACHE_H_
+#define SHARDCACHE_CACHE_SERVER_KUBE_RENDER_CACHE_H_
+
+#include <array>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+
+namespace shardcache {
+
+class KubeRenderCache {
+ public:
+  using Rendered = std::shared_ptr<const std::string>;
+
+  explicit KubeRenderCache(size_t capacity = 4096) : per_shard_(capacity / kShards + 1) {}
+
+  // The rendering of `object_json` for `view`: the cached one, or `render()`'s (which is then
+  // kept). `render` may run at the same time in two threads for one key; both results are equal.
+  Rendered Get(absl::string_view view, absl::string_view object_json,
+               const std::function<std::string()>& render);
+
+ private:
+  static constexpr size_t kShards = 16;
+  struct Shard {
+    absl::Mutex mu;
+    absl::flat_hash_map<std::string, Rendered> entries ABSL_GUARDED_BY(mu);
+    std::deque<std::string> order ABSL_GUARDED_BY(mu);  // oldest first
+  };
+  const size_t per_shard_;
+  std::array<Shard, kShards> shards_;
+};
+
+}  // namespace shardcache
+
+#endif  // SHARDCACHE_CACHE_SERVER_KUBE_RENDER_CACHE_H_
