@@ -308,8 +308,6 @@ KubeApiServer::KubeApiServer(Options options, const ObjectStore* store,
 KubeApiServer::~KubeApiServer() { Stop(); }
 
 absl::StatusOr<int> KubeApiServer::Start(const std::string& address) {
-  auto host_port = SplitHostPort("--kube-api-listen", address);
-  if (!host_port.ok()) return host_port.status();
   if (tls_ != nullptr) {
     std::shared_ptr<ReloadingKeyPair> keys = tls_;
     std::string ca = client_ca_file_;
@@ -334,10 +332,6 @@ absl::StatusOr<int> KubeApiServer::Start(const std::string& address) {
   } else {
     server_ = std::make_unique<httplib::Server>();
   }
-  server_->set_socket_options([](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-  });
   int max_connections = options_.max_connections;
   server_->new_task_queue = [max_connections] { return new ConnectionThreads(max_connections); };
   auto write_timeout = absl::ToChronoSeconds(options_.write_timeout);
@@ -359,21 +353,8 @@ absl::StatusOr<int> KubeApiServer::Start(const std::string& address) {
   server_->Patch(".*", refuse);
   server_->Delete(".*", refuse);
 
-  const auto& [host, port] = *host_port;
-  int bound =
-      port == 0 ? server_->bind_to_any_port(host) : (server_->bind_to_port(host, port) ? port : -1);
-  if (bound < 0) {
-    return absl::UnavailableError(absl::StrCat("--kube-api-listen: cannot listen on ", address,
-                                               " (address in use or not local?)"));
-  }
-  listen_returned_ = false;
-  listener_ = std::thread([this] {
-    server_->listen_after_bind();
-    listen_returned_ = true;
-  });
-  // As HttpServer::Start: httplib's stop() is lost until the server runs.
-  while (!server_->is_running() && !listen_returned_) absl::SleepFor(absl::Milliseconds(1));
-  return bound;
+  return ServeInBackground(server_.get(), "--kube-api-listen", address, &listener_,
+                           &listen_returned_);
 }
 
 void KubeApiServer::Stop() {

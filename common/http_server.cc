@@ -26,14 +26,43 @@ absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& fla
   return std::make_pair(host, port);
 }
 
+absl::StatusOr<int> ServeInBackground(httplib::Server* server, const std::string& flag,
+                                      const std::string& address, std::thread* thread,
+                                      std::atomic<bool>* listen_returned) {
+  auto host_port = SplitHostPort(flag, address);
+  if (!host_port.ok()) return host_port.status();
+  // SO_REUSEADDR only: without SO_REUSEPORT (httplib's default sets it) a second process cannot
+  // bind a port this one serves.
+  server->set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
+  const auto& [host, port] = *host_port;
+  int bound = port;
+  if (port == 0) {
+    bound = server->bind_to_any_port(host);
+  } else if (!server->bind_to_port(host, port)) {
+    bound = -1;
+  }
+  if (bound < 0) {
+    return absl::UnavailableError(
+        absl::StrCat(flag, ": cannot listen on ", address, " (address in use or not local?)"));
+  }
+  *listen_returned = false;
+  *thread = std::thread([server, listen_returned] {
+    server->listen_after_bind();
+    *listen_returned = true;
+  });
+  while (!server->is_running() && !*listen_returned) absl::SleepFor(absl::Milliseconds(1));
+  return bound;
+}
+
 HttpServer::HttpServer(std::shared_ptr<prometheus::Registry> registry, ReadinessCheck readiness)
     : registry_(std::move(registry)), readiness_(std::move(readiness)) {}
 
 HttpServer::~HttpServer() { Stop(); }
 
 absl::StatusOr<int> HttpServer::Start(const std::string& address) {
-  auto host_port = SplitHostPort("--http-listen", address);
-  if (!host_port.ok()) return host_port.status();
   if (tls_ != nullptr) {
     std::shared_ptr<ReloadingKeyPair> keys = tls_;
     server_ = std::make_unique<httplib::SSLServer>([keys](SSL_CTX& ctx) {
@@ -43,12 +72,6 @@ absl::StatusOr<int> HttpServer::Start(const std::string& address) {
   } else {
     server_ = std::make_unique<httplib::Server>();
   }
-  // SO_REUSEADDR only: without SO_REUSEPORT (httplib's default sets it) a second process cannot
-  // bind a port this one serves.
-  server_->set_socket_options([](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-  });
   server_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     prometheus::TextSerializer serializer;
     res.set_content(serializer.Serialize(registry_->Collect()), "text/plain; version=0.0.4");
@@ -65,27 +88,7 @@ absl::StatusOr<int> HttpServer::Start(const std::string& address) {
       res.set_content(absl::StrCat("not ready: ", ready.message(), "\n"), "text/plain");
     }
   });
-  const auto& [host, port] = *host_port;
-  int bound = port;
-  if (port == 0) {
-    bound = server_->bind_to_any_port(host);
-  } else if (!server_->bind_to_port(host, port)) {
-    bound = -1;
-  }
-  if (bound < 0) {
-    return absl::UnavailableError(absl::StrCat("--http-listen: cannot listen on ", address,
-                                               " (address in use or not local?)"));
-  }
-  listen_returned_ = false;
-  thread_ = std::thread([this] {
-    server_->listen_after_bind();
-    listen_returned_ = true;
-  });
-  // httplib's stop() does nothing until the listening thread has marked the server running, so
-  // a Stop() that came before that (a SIGTERM right after start-up) would join for ever. Return
-  // only once the server runs, or its listen has already ended.
-  while (!server_->is_running() && !listen_returned_) absl::SleepFor(absl::Milliseconds(1));
-  return bound;
+  return ServeInBackground(server_.get(), "--http-listen", address, &thread_, &listen_returned_);
 }
 
 void HttpServer::Stop() {

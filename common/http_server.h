@@ -58,6 +58,15 @@ class HttpServer {
   std::atomic<bool> listen_returned_{false};
 };
 
+// Binds `server` to `host`:`port` (0: any free port) and runs its listen loop on `*thread`,
+// which sets `*listen_returned` when the loop ends; returns once the server runs (httplib's
+// stop() is lost before that, so a Stop right after start-up would join for ever), with the
+// bound port, or UNAVAILABLE naming `flag` and `address` when it cannot bind. Sets
+// SO_REUSEADDR without SO_REUSEPORT, so that a second process cannot bind a port served here.
+absl::StatusOr<int> ServeInBackground(httplib::Server* server, const std::string& flag,
+                                      const std::string& address, std::thread* thread,
+                                      std::atomic<bool>* listen_returned);
+
 // Splits "host:port" (host may be "[::1]"). Returns InvalidArgument naming `flag` when malformed.
 absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& flag,
                                                           const std::string& address);

@@ -1311,13 +1311,7 @@ def main():
         passed = result.passed
         failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)
     finally:
-        for server in reversed(rt.SERVERS):  # Replicators before the stores they use.
-            try:
-                server.stop()
-            except Exception as e:  # pylint: disable=broad-except
-                sys.stderr.write("stopping the %s server: %s\n" % (server.role, e))
-                if server.process is not None and server.process.poll() is None:
-                    server.process.kill()
+        rt.stop_all_servers()
         if failed:
             print("logs and outputs: %s" % ARGS.work_dir)
         else:

@@ -168,6 +168,18 @@ class Server:
             self.process.wait(timeout=SERVER_STOP_GRACE)
 
 
+def stop_all_servers():
+    """Stops every process started (Server.start), replicators before the stores they use; one
+    that does not stop is killed."""
+    for server in reversed(SERVERS):
+        try:
+            server.stop()
+        except Exception as e:  # pylint: disable=broad-except
+            sys.stderr.write("stopping the %s server: %s\n" % (server.role, e))
+            if server.process is not None and server.process.poll() is None:
+                server.process.kill()
+
+
 class Replicator(Server):
     """One shard_replicator process; it serves HTTP only (no gRPC port)."""
 
@@ -1177,13 +1189,7 @@ def main():
         passed = result.passed
         failed = (len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses))
     finally:
-        for server in reversed(SERVERS):  # Replicators before the stores they use.
-            try:
-                server.stop()
-            except Exception as e:  # pylint: disable=broad-except
-                sys.stderr.write("stopping the %s server: %s\n" % (server.role, e))
-                if server.process is not None and server.process.poll() is None:
-                    server.process.kill()
+        stop_all_servers()
         if failed:
             print("logs, generated code and documented command outputs: %s" % ARGS.work_dir)
         else:
