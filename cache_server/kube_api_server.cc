@@ -161,7 +161,10 @@ absl::StatusOr<KubeReadParams> ParseReadParams(const httplib::Request& req) {
                                                    "\": supported values: \"Exact\", "
                                                    "\"NotOlderThan\""));
   }
-  if (!p.match.empty() && p.resource_version < 0) {
+  // A watch-list (sendInitialEvents=true, what client-go's reflector sends first) may leave the
+  // revision out: it then starts from the latest state, as kube-apiserver's does.
+  bool watch_list = Param(q, "sendInitialEvents") == "true" || Param(q, "sendInitialEvents") == "1";
+  if (!p.match.empty() && p.resource_version < 0 && !watch_list) {
     return absl::InvalidArgumentError(
         "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless "
         "resourceVersion is provided");

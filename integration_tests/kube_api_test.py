@@ -1073,10 +1073,19 @@ class ReflectorTest(_Deployment):
         self.assertEqual(stream.events, [])
 
     def test_SendInitialEvents_AddsEveryObjectThenTheEndBookmark(self):
+        for with_version in (True, False):
+            with self.subTest(resource_version=with_version):
+                self.check_send_initial_events(with_version)
+
+    def check_send_initial_events(self, with_version):
+        """A watch-list, with the list's resourceVersion, or without one as client-go's
+        reflector sends its first."""
         listed = self.fresh_list()
-        stream = WatchStream(self.cache.kube_api_port, ALL + WIDGETS_PATH, {
-            "sendInitialEvents": "true", "resourceVersionMatch": "NotOlderThan",
-            "allowWatchBookmarks": "true", "resourceVersion": listed.resource_version})
+        params = {"sendInitialEvents": "true", "resourceVersionMatch": "NotOlderThan",
+                  "allowWatchBookmarks": "true"}
+        if with_version:
+            params["resourceVersion"] = listed.resource_version
+        stream = WatchStream(self.cache.kube_api_port, ALL + WIDGETS_PATH, params)
         self.addCleanup(stream.close)
         self.assertEqual(stream.status, 200)
         events = stream.read_until(self, is_event("BOOKMARK"), "the initial events' bookmark")
