@@ -26,6 +26,7 @@
 #include "common/http_server.h"
 #include "common/label_selector.h"
 #include "common/resources.h"
+#include "common/status_macros.h"
 #include "spdlog/spdlog.h"
 
 namespace shardcache {
@@ -123,6 +124,17 @@ absl::StatusOr<bool> ParseBool(const Query& q, const char* name) {
       absl::StrCat(name, ": Invalid value: \"", v, "\": must be true or false"));
 }
 
+// Parameter `name` as a non-negative integer into `*out`, left as is when the query has none.
+absl::Status ParseNonNegative(const Query& q, const char* name, int64_t* out) {
+  std::string v = Param(q, name);
+  if (v.empty()) return absl::OkStatus();
+  if (!absl::SimpleAtoi(v, out) || *out < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": Invalid value: \"", v, "\": must be a non-negative integer"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<KubeReadParams> ParseReadParams(const httplib::Request& req) {
   auto query = ParseQuery(req.target);
   if (!query.ok()) return query.status();
@@ -139,35 +151,15 @@ absl::StatusOr<KubeReadParams> ParseReadParams(const httplib::Request& req) {
   auto fields = ParseFieldSelector(Param(q, "fieldSelector"));
   if (!fields.ok()) return fields.status();
   p.fields = *std::move(fields);
-  if (q.count("limit")) {
-    std::string v = Param(q, "limit");
-    if (!absl::SimpleAtoi(v, &p.limit) || p.limit < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("limit: Invalid value: \"", v, "\": must be a non-negative integer"));
-    }
-  }
+  RETURN_IF_ERROR(ParseNonNegative(q, "limit", &p.limit));
   p.continue_token = Param(q, "continue");
-  std::string rv = Param(q, "resourceVersion");
-  if (!rv.empty()) {
-    if (!absl::SimpleAtoi(rv, &p.resource_version) || p.resource_version < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("resourceVersion: Invalid value: \"", rv,
-                                                     "\": must be a non-negative integer"));
-    }
-  }
+  RETURN_IF_ERROR(ParseNonNegative(q, "resourceVersion", &p.resource_version));
   p.match = Param(q, "resourceVersionMatch");
   if (!p.match.empty() && p.match != "NotOlderThan" && p.match != "Exact") {
     return absl::InvalidArgumentError(absl::StrCat("resourceVersionMatch: Unsupported value: \"",
                                                    p.match,
                                                    "\": supported values: \"Exact\", "
                                                    "\"NotOlderThan\""));
-  }
-  // A watch-list (sendInitialEvents=true, what client-go's reflector sends first) may leave the
-  // revision out: it then starts from the latest state, as kube-apiserver's does.
-  bool watch_list = Param(q, "sendInitialEvents") == "true" || Param(q, "sendInitialEvents") == "1";
-  if (!p.match.empty() && p.resource_version < 0 && !watch_list) {
-    return absl::InvalidArgumentError(
-        "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless "
-        "resourceVersion is provided");
   }
   if (p.match == "Exact" && p.resource_version == 0) {
     return absl::InvalidArgumentError(
@@ -195,28 +187,16 @@ absl::StatusOr<KubeReadParams> ParseReadParams(const httplib::Request& req) {
           "and resourceVersionMatch=NotOlderThan");
     }
   }
-  if (q.count("timeoutSeconds")) {
-    std::string v = Param(q, "timeoutSeconds");
-    if (!absl::SimpleAtoi(v, &p.timeout_seconds) || p.timeout_seconds < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("timeoutSeconds: Invalid value: \"", v,
-                                                     "\": must be a non-negative integer"));
-    }
+  // A watch-list (sendInitialEvents=true, what client-go's reflector sends first) may leave the
+  // revision out: it then starts from the latest state, as kube-apiserver's does.
+  if (!p.match.empty() && p.resource_version < 0 && !p.send_initial_events.value_or(false)) {
+    return absl::InvalidArgumentError(
+        "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless "
+        "resourceVersion is provided");
   }
+  RETURN_IF_ERROR(ParseNonNegative(q, "timeoutSeconds", &p.timeout_seconds));
   p.table = absl::StrContains(req.get_header_value("Accept"), "as=Table");
   return p;
-}
-
-std::string TypeName(v1::WatchEvent::Type type) {
-  switch (type) {
-    case v1::WatchEvent::ADDED:
-      return "ADDED";
-    case v1::WatchEvent::MODIFIED:
-      return "MODIFIED";
-    case v1::WatchEvent::DELETED:
-      return "DELETED";
-    default:
-      return "BOOKMARK";
-  }
 }
 
 // The identity of the client's verified certificate, or nullopt (plain HTTP, no certificate).
@@ -736,7 +716,7 @@ void KubeApiServer::RenderWatchEvent(KubeWatch* watch, const v1::WatchEvent& eve
                                                               end && watch->initial_events_end)));
     return;
   }
-  std::string type = TypeName(event.type());
+  std::string type = v1::WatchEvent::Type_Name(event.type());
   if (watch->table || !watch->fields.terms.empty()) {
     // Per watch: its field selector, or a Table (whose ages change with time).
     v1::Object object;
