@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <deque>
 #include <thread>
 #include <utility>
@@ -45,8 +46,20 @@ std::map<std::string, v1::GroupVersionResource> ServedBy(const v1::Object& defin
 
 }  // namespace
 
-// The subscribers and their queued events, delivered by one thread. Holds a reference to itself
-// from that thread, so that it may outlive the factory until the thread ends.
+// The subscribers (a CallbackList) and the events queued for them, delivered by one thread of
+// its own. Events are queued under the factory's lock, so that no change falls between a new
+// subscriber's first events and the changes it hears after; listeners must then be called with
+// no lock held, in that order. On the threads that queue them (the definitions informer's
+// delivery thread, ServeAlways's and Subscribe's callers), that would mean either waiting for
+// another thread's listener calls (a lock held across callbacks, that deadlocks when a listener
+// takes a lock its caller holds: CcrController::Start subscribes under its term's mutex) or
+// handing events to whichever thread is already calling (not the thread that notifies).
+//
+// The thread takes the queue in order. A subscriber joins the list at once (so that its
+// Subscription can cancel it) but hears nothing until the thread reaches its join, where it is
+// first told its initial events: events queued before it (which its initial events already
+// reflect) are skipped. Holds a reference to itself from the thread, so that it may outlive the
+// factory until the thread ends.
 class DynamicInformerFactory::Notifier : public std::enable_shared_from_this<Notifier> {
  public:
   using Listener = std::function<void(const ResourceEvent&)>;
@@ -56,13 +69,14 @@ class DynamicInformerFactory::Notifier : public std::enable_shared_from_this<Not
     thread_ = std::thread([self = shared_from_this()] { self->Run(); });
   }
 
-  // Ends the thread (after the listener call in progress). Idempotent.
+  // Ends the thread (after the listener call in progress); what is queued is dropped.
+  // Idempotent.
   void Shutdown() {
     std::thread thread;
     {
       absl::MutexLock l(&mu_);
       shut_down_ = true;
-      subscribers_.clear();
+      queue_.clear();
       thread = std::move(thread_);
     }
     if (!thread.joinable()) return;
@@ -75,77 +89,70 @@ class DynamicInformerFactory::Notifier : public std::enable_shared_from_this<Not
 
   // A new subscriber, first told `initial`.
   Subscription Add(Listener listener, std::vector<ResourceEvent> initial) {
+    auto joined = std::make_shared<std::atomic<bool>>(false);
     absl::MutexLock l(&mu_);
     if (shut_down_) return Subscription();
-    int64_t id = next_id_++;
-    Subscriber& s = subscribers_[id];
-    s.listener = std::make_shared<Listener>(std::move(listener));
-    s.pending.assign(initial.begin(), initial.end());
-    pending_ += initial.size();
-    return Subscription([weak = weak_from_this(), id]() {
-      if (std::shared_ptr<Notifier> self = weak.lock()) self->Remove(id);
-    });
+    Subscription subscription =
+        listeners_.Add([joined, listener = std::move(listener)](const ResourceEvent& event) {
+          if (joined->load()) listener(event);
+        });
+    Item join;
+    join.subscriber = subscription.id();
+    join.joined = std::move(joined);
+    join.initial = std::move(initial);
+    queue_.push_back(std::move(join));
+    return subscription;
   }
 
   // Queues `event` for every subscriber.
   void Publish(const ResourceEvent& event) {
     absl::MutexLock l(&mu_);
-    for (auto& [id, s] : subscribers_) {
-      s.pending.push_back(event);
-      ++pending_;
-    }
+    if (shut_down_) return;
+    Item item;
+    item.event = event;
+    queue_.push_back(std::move(item));
   }
 
  private:
-  struct Subscriber {
-    std::shared_ptr<Listener> listener;
-    std::deque<ResourceEvent> pending;
+  // An event for every subscriber that has joined (subscriber 0), or a subscriber joining.
+  struct Item {
+    ResourceEvent event;
+    Subscription::Id subscriber = 0;
+    std::shared_ptr<std::atomic<bool>> joined;
+    std::vector<ResourceEvent> initial;
   };
 
-  void Remove(int64_t id) {
-    absl::MutexLock l(&mu_);
-    auto it = subscribers_.find(id);
-    if (it == subscribers_.end()) return;
-    pending_ -= it->second.pending.size();
-    subscribers_.erase(it);
-    if (running_ == id && runner_ != std::this_thread::get_id()) {
-      auto done = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return running_ != id; };
-      mu_.Await(absl::Condition(&done));
-    }
-  }
-
   void Run() {
-    absl::MutexLock l(&mu_);
-    runner_ = std::this_thread::get_id();
     while (true) {
-      auto ready = [this]()
-                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shut_down_ || pending_ > 0; };
-      mu_.Await(absl::Condition(&ready));
-      if (shut_down_) return;
-      for (auto& [id, s] : subscribers_) {
-        if (s.pending.empty()) continue;
-        ResourceEvent event = std::move(s.pending.front());
-        s.pending.pop_front();
-        --pending_;
-        std::shared_ptr<Listener> listener = s.listener;
-        running_ = id;
-        mu_.Unlock();
-        (*listener)(event);
-        mu_.Lock();
-        running_ = 0;
-        break;  // subscribers_ may have changed
+      Item item;
+      {
+        absl::MutexLock l(&mu_);
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return shut_down_ || !queue_.empty();
+        };
+        mu_.Await(absl::Condition(&ready));
+        if (shut_down_) return;
+        item = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      if (item.subscriber == 0) {
+        listeners_.Notify(item.event);
+        continue;
+      }
+      item.joined->store(true);
+      for (const ResourceEvent& event : item.initial) {
+        if (!listeners_.NotifyOne(item.subscriber, event)) break;  // cancelled
       }
     }
   }
 
+  // Provides its own synchronization; notified only from the thread.
+  CallbackList<ResourceEvent> listeners_;
+
   absl::Mutex mu_;
   std::thread thread_ ABSL_GUARDED_BY(mu_);
-  std::thread::id runner_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
-  std::map<int64_t, Subscriber> subscribers_ ABSL_GUARDED_BY(mu_);
-  size_t pending_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  int64_t running_ ABSL_GUARDED_BY(mu_) = 0;  // the subscriber being called, 0: none
+  std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
 };
 
 std::vector<v1::GroupVersionResource> DynamicInformerFactory::BuiltInResources() {

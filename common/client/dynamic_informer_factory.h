@@ -20,6 +20,9 @@
 // Subscribe(listener) reports resource lifecycle events (served, unserved). A new subscriber is
 // first told about every resource already served (as kServed events), then every change, in
 // order. Listeners are called from one notifier thread, one event at a time, with no lock held.
+// The thread is the factory's own, not the one that changes what is served: changes are seen
+// under the factory's lock, and calling listeners on the changing threads in that order would
+// make those threads wait for one another's listeners (see Notifier in the .cc).
 //
 // Discovery can lag the store: right after a definition is created, ForResource may still say
 // NOT_FOUND; subscribers hear kServed once the factory has seen it.
@@ -117,7 +120,8 @@ class DynamicInformerFactory {
   std::vector<v1::GroupVersionResource> ServedResources() const;
 
   // Reports resource lifecycle events to `listener` (see above) until the Subscription is
-  // cancelled or destroyed.
+  // cancelled or destroyed: a call in progress on the notifier thread is then waited for, unless
+  // the cancel comes from inside the listener (common/callback_list.h).
   Subscription Subscribe(std::function<void(const ResourceEvent&)> listener);
 
   // The built-in resources, served by every store.

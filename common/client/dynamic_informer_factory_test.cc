@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/clock.h"
 #include "common/testing/objects.h"
@@ -371,6 +372,44 @@ TEST_F(DynamicInformerFactoryTest, CacheRole_ServesWhatItIsTold) {
   EXPECT_THAT(factory_->ServedResources().size(), 4u);
   std::vector<std::string> events = log.Events();
   EXPECT_EQ(std::count(events.begin(), events.end(), "SERVED widgets.example.com/v1"), 1);
+}
+
+// From inside a listener (on the notifier thread): cancelling its own subscription returns at
+// once, and a new subscriber hears its initial events first and each change once, although the
+// change (gadgets) was queued before it subscribed and is in its initial events too.
+TEST_F(DynamicInformerFactoryTest, SubscribeAndCancelFromInsideAListener) {
+  StartServer({"--role=cache"});
+  MakeFactory(false);
+  EventLog first, late;
+  Subscription first_sub, late_sub;
+  absl::Notification subscribed;
+  first_sub = factory_->Subscribe([&](const ResourceEvent& e) {
+    first.Listener()(e);
+    if (e.type != ResourceEvent::Type::kServed || e.resource.resource() != "widgets") return;
+    first_sub.Cancel();  // waiting here for the call in progress would wait for ever
+    EXPECT_THAT(factory_->ServeAlways(kGadgets), IsOk());
+    late_sub = factory_->Subscribe(late.Listener());
+    subscribed.Notify();
+  });
+  ASSERT_THAT(factory_->ServeAlways(kWidgets), IsOk());
+  ASSERT_TRUE(subscribed.WaitForNotificationWithTimeout(kWait));
+  ASSERT_TRUE(Eventually([&] { return late.Events().size() >= 5; }, "late.Events().size() >= 5"));
+  const v1::GroupVersionResource gizmos = Gvr("example.com", "v1", "gizmos");
+  ASSERT_THAT(factory_->ServeAlways(gizmos), IsOk());
+  ASSERT_TRUE(Eventually([&] { return late.Has("SERVED gizmos.example.com/v1"); },
+                         "late.Has(\"SERVED gizmos.example.com/v1\")"));
+  std::vector<std::string> events = late.Events();
+  ASSERT_EQ(events.size(), 6u) << ::testing::PrintToString(events);
+  EXPECT_THAT(
+      std::vector<std::string>(events.begin(), events.begin() + 5),
+      UnorderedElementsAre("SERVED resourcedefinitions.core.shardcache.io/v1",
+                           "SERVED leases.coordination.shardcache.io/v1",
+                           "SERVED clustercachedresources.cache.shardcache.io/v1alpha1",
+                           "SERVED widgets.example.com/v1", "SERVED gadgets.example.com/v1"));
+  EXPECT_EQ(events.back(), "SERVED gizmos.example.com/v1");
+  // The first subscriber heard nothing after it cancelled.
+  EXPECT_FALSE(first.Has("SERVED gadgets.example.com/v1"));
+  EXPECT_FALSE(first.Has("SERVED gizmos.example.com/v1"));
 }
 
 TEST_F(DynamicInformerFactoryTest, ServeAlways_WhenFollowingDefinitions_IsRefused) {

@@ -64,65 +64,7 @@ void FilteringResourceEventHandler::OnDelete(const ObjectRef& object) {
   if (predicate_(*object)) inner_->OnDelete(object);
 }
 
-// ---- Subscription ----
-
-Subscription& Subscription::operator=(Subscription&& other) noexcept {
-  if (this != &other) {
-    Cancel();
-    cancel_ = std::move(other.cancel_);
-    other.cancel_ = nullptr;
-  }
-  return *this;
-}
-
-void Subscription::Cancel() {
-  if (!cancel_) return;
-  std::function<void()> cancel = std::move(cancel_);
-  cancel_ = nullptr;
-  cancel();
-}
-
 // ---- Internal state ----
-
-// An OnStopped callback: called at most once; Cancel() waits for a call in progress on another
-// thread.
-// A subscriber's callback: Cancel() turns it off, waiting for a call in progress on another
-// thread. A `once` callback (OnStopped) turns itself off when called.
-template <typename Arg>
-class SharedInformer::Callback {
- public:
-  Callback(std::function<void(const Arg&)> fn, bool once) : fn_(std::move(fn)), once_(once) {}
-
-  void Call(const Arg& arg) {
-    {
-      absl::MutexLock l(&mu_);
-      if (cancelled_) return;
-      if (once_) cancelled_ = true;
-      running_ = true;
-      runner_ = std::this_thread::get_id();
-    }
-    fn_(arg);
-    absl::MutexLock l(&mu_);
-    running_ = false;
-  }
-
-  void Cancel() {
-    absl::MutexLock l(&mu_);
-    cancelled_ = true;
-    if (running_ && runner_ != std::this_thread::get_id()) {
-      mu_.Await(absl::Condition(
-          +[](bool* running) { return !*running; }, &running_));
-    }
-  }
-
- private:
-  const std::function<void(const Arg&)> fn_;
-  const bool once_;
-  absl::Mutex mu_;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  bool running_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread::id runner_ ABSL_GUARDED_BY(mu_);
-};
 
 // A registration's bounded buffer and the state its delivery thread keeps.
 class SharedInformer::Listener {
@@ -297,46 +239,22 @@ std::string SharedInformer::LastSyncResourceVersion() const {
 }
 
 Subscription SharedInformer::OnStopped(std::function<void(const absl::Status&)> callback) {
-  auto cb = std::make_shared<StopCallback>(std::move(callback), /*once=*/true);
+  // Stopped but not yet closed, the list would hand the callback to the stopping thread: the
+  // documented "at once, on this thread" is kept by looking at stopped_ first.
   absl::Status reason;
   {
     absl::MutexLock l(&mu_);
-    if (!stopped_) {
-      stop_callbacks_.push_back(cb);
-      return Subscription([weak = weak_from_this(), cb]() {
-        cb->Cancel();
-        if (std::shared_ptr<SharedInformer> informer = weak.lock()) {
-          informer->RemoveCallback(cb.get());
-        }
-      });
-    }
-    reason = stop_reason_;
+    if (stopped_) reason = stop_reason_;
   }
-  cb->Call(reason);
-  return Subscription([cb]() { cb->Cancel(); });
-}
-
-void SharedInformer::RemoveCallback(const void* callback) {
-  absl::MutexLock l(&mu_);
-  auto same = [callback](const auto& cb) { return cb.get() == callback; };
-  stop_callbacks_.erase(std::remove_if(stop_callbacks_.begin(), stop_callbacks_.end(), same),
-                        stop_callbacks_.end());
-  store_callbacks_.erase(std::remove_if(store_callbacks_.begin(), store_callbacks_.end(), same),
-                         store_callbacks_.end());
+  if (!reason.ok()) {
+    callback(reason);
+    return Subscription();
+  }
+  return stop_callbacks_.Add(std::move(callback));
 }
 
 Subscription SharedInformer::OnStoreChanged(std::function<void(const std::string&)> callback) {
-  auto cb = std::make_shared<StoreCallback>(std::move(callback), /*once=*/false);
-  {
-    absl::MutexLock l(&mu_);
-    store_callbacks_.push_back(cb);
-  }
-  return Subscription([weak = weak_from_this(), cb]() {
-    cb->Cancel();
-    if (std::shared_ptr<SharedInformer> informer = weak.lock()) {
-      informer->RemoveCallback(cb.get());
-    }
-  });
+  return store_callbacks_.Add(std::move(callback));
 }
 
 std::string SharedInformer::StoreId() const { return reflector_->StoreId(); }
@@ -428,12 +346,7 @@ void SharedInformer::Delete(ObjectRef object) {
 void SharedInformer::Bookmark(const std::string&) {}
 
 void SharedInformer::StoreChanged(const std::string& store_id) {
-  std::vector<std::shared_ptr<StoreCallback>> callbacks;
-  {
-    absl::MutexLock l(&mu_);
-    callbacks = store_callbacks_;
-  }
-  for (const std::shared_ptr<StoreCallback>& cb : callbacks) cb->Call(store_id);
+  store_callbacks_.Notify(store_id);
 }
 
 void SharedInformer::Stopped(const absl::Status& reason) {
@@ -463,7 +376,6 @@ void SharedInformer::EnqueueLocked(const ObjectRef& object, bool deleted) {
 }
 
 void SharedInformer::MarkStopped(absl::Status reason) {
-  std::vector<std::shared_ptr<StopCallback>> callbacks;
   absl::Status final_reason;
   {
     absl::MutexLock l(&mu_);
@@ -477,15 +389,15 @@ void SharedInformer::MarkStopped(absl::Status reason) {
       absl::MutexLock b(&listener->mu);
       listener->informer_stopped = true;
     }
-    callbacks.swap(stop_callbacks_);
   }
   if (final_reason.code() == absl::StatusCode::kCancelled) {
     spdlog::info("informer {}: stopped: {}", name_, final_reason.ToString());
   } else {
     spdlog::warn("informer {}: stopped: {}", name_, final_reason.ToString());
   }
-  // Nothing of this informer is touched after the callbacks: one may destroy it.
-  for (const std::shared_ptr<StopCallback>& cb : callbacks) cb->Call(final_reason);
+  // Nothing of this informer is touched after the callbacks: one may destroy it (Close keeps
+  // what it needs).
+  stop_callbacks_.Close(final_reason);
 }
 
 // ---- Delivery (a registration's thread) ----

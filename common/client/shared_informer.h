@@ -35,7 +35,8 @@
 // informer's content as unknown.
 //
 // Thread-safety: every public method may be called from any thread, including from inside
-// handlers and OnStopped callbacks (see RemoveEventHandler and Subscription for the one rule).
+// handlers and OnStopped callbacks (see RemoveEventHandler, and Subscription in
+// common/callback_list.h, for the one rule).
 #ifndef SHARDCACHE_COMMON_CLIENT_SHARED_INFORMER_H_
 #define SHARDCACHE_COMMON_CLIENT_SHARED_INFORMER_H_
 
@@ -52,6 +53,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/callback_list.h"
 #include "common/client/lister_watcher.h"
 #include "common/client/reflector.h"
 #include "common/client/thread_safe_store.h"
@@ -97,26 +99,6 @@ class FilteringResourceEventHandler : public ResourceEventHandler {
  private:
   const Predicate predicate_;
   const std::shared_ptr<ResourceEventHandler> inner_;
-};
-
-// A callback subscription (OnStopped, DynamicInformerFactory::Subscribe). Destroying it, or
-// Cancel(), unsubscribes: after Cancel() returns, the callback is not running and will never be
-// called again. The one exception: called from inside the callback itself, Cancel() returns at
-// once (the running call finishes; there is no later one). Movable; an empty Subscription does
-// nothing.
-class Subscription {
- public:
-  Subscription() = default;
-  explicit Subscription(std::function<void()> cancel) : cancel_(std::move(cancel)) {}
-  Subscription(Subscription&& other) noexcept : cancel_(std::move(other.cancel_)) {
-    other.cancel_ = nullptr;
-  }
-  Subscription& operator=(Subscription&& other) noexcept;
-  ~Subscription() { Cancel(); }
-  void Cancel();
-
- private:
-  std::function<void()> cancel_;
 };
 
 class SharedInformer : public std::enable_shared_from_this<SharedInformer>, private ReflectorSink {
@@ -248,7 +230,6 @@ class SharedInformer : public std::enable_shared_from_this<SharedInformer>, priv
   void EnqueueLocked(const ObjectRef& object, bool deleted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks the informer stopped and runs the stop callbacks (if this call stopped it).
   void MarkStopped(absl::Status reason) ABSL_LOCKS_EXCLUDED(mu_);
-  void RemoveCallback(const void* callback) ABSL_LOCKS_EXCLUDED(mu_);
   // A registration's delivery loop.
   void Deliver(const std::shared_ptr<Listener>& listener);
   // Brings a registration's handler to the cache's current state. False if it was removed.
@@ -264,10 +245,11 @@ class SharedInformer : public std::enable_shared_from_this<SharedInformer>, priv
   // handlers' queues move together.
   ThreadSafeStore store_;
 
-  template <typename Arg>
-  class Callback;
-  using StopCallback = Callback<absl::Status>;
-  using StoreCallback = Callback<std::string>;
+  // Provide their own synchronization. stop_callbacks_ is closed by MarkStopped, after stopped_
+  // is set.
+  CallbackList<absl::Status> stop_callbacks_;
+  CallbackList<std::string> store_callbacks_;
+
   mutable absl::Mutex mu_;
   bool running_ ABSL_GUARDED_BY(mu_) = false;
   bool synced_ ABSL_GUARDED_BY(mu_) = false;
@@ -276,8 +258,6 @@ class SharedInformer : public std::enable_shared_from_this<SharedInformer>, priv
   absl::Status requested_stop_ ABSL_GUARDED_BY(mu_) = absl::OkStatus();
   absl::Status stop_reason_ ABSL_GUARDED_BY(mu_) = absl::OkStatus();
   std::vector<std::shared_ptr<Listener>> listeners_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::shared_ptr<StopCallback>> stop_callbacks_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::shared_ptr<StoreCallback>> store_callbacks_ ABSL_GUARDED_BY(mu_);
   int64_t next_listener_id_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
