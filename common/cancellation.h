@@ -8,7 +8,9 @@
 //
 // Guarantees: Cancel is idempotent; each registered callback runs exactly once (on the thread
 // that cancels, or at once on the registering thread when already cancelled); after
-// RemoveCallback returns, its callback is not running and will not run.
+// RemoveCallback returns, its callback is not running and will not run, unless RemoveCallback is
+// called from inside that callback: then it returns at once. That is CallbackList's rule
+// (common/callback_list.h), which keeps the callbacks.
 //
 // Thread-safe: every method may be called from any thread. Copies of a token share its state.
 #ifndef SHARDCACHE_COMMON_CANCELLATION_H_
