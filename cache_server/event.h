@@ -49,6 +49,8 @@ struct WatchSpec {
   int64_t start_revision = 0;
   // How its events carry their objects.
   ObjectEncoding encoding = ObjectEncoding::kProto;
+  // Whether it asked for periodic bookmarks (WatchRequest.allow_bookmarks).
+  bool periodic_bookmarks = false;
 };
 
 // The type of `event` as a watcher with `filter` sees it (an update that crosses the filter

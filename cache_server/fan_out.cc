@@ -22,7 +22,10 @@ void FanOut::Add(Watcher* watcher) {
   s->watcher = watcher;
   s->caught_up = watcher->spec().start_revision;
   s->last_sent = options_.clock->Now();  // its initial events
-  s->bookmark_slot = static_cast<int>(added_++ % kBookmarkSlots);
+  if (watcher->spec().periodic_bookmarks) {
+    s->bookmark_slot = static_cast<int>(bookmarked_added_++ % kBookmarkSlots);
+    bookmark_slots_[s->bookmark_slot].insert(s);
+  }
   states_.emplace(watcher, std::move(state));
   synced_[watcher->spec().group_resource].insert(s);
 }
@@ -40,6 +43,7 @@ bool FanOut::Remove(Watcher* watcher) {
     if (r->second.empty()) synced_.erase(r);
   }
   if (s->unflushed) unflushed_.erase(std::find(unflushed_.begin(), unflushed_.end(), s));
+  if (watcher->spec().periodic_bookmarks) bookmark_slots_[s->bookmark_slot].erase(s);
   states_.erase(it);
   return true;
 }
@@ -144,12 +148,10 @@ absl::Time FanOut::Tick(absl::Time now) {
   }
   if (now >= next_bookmark_) {
     const absl::Duration idle_for_bookmark = options_.bookmark_interval / 2;
-    for (auto& [gr, set] : synced_) {
-      for (State* s : set) {
-        if (s->bookmark_slot != slot_ || now - s->last_sent < idle_for_bookmark) continue;
-        s->watcher->Bookmark(std::max(dispatched_, s->watcher->spec().start_revision));
-        s->last_sent = now;
-      }
+    for (State* s : bookmark_slots_[slot_]) {
+      if (s->parked || now - s->last_sent < idle_for_bookmark) continue;
+      s->watcher->Bookmark(std::max(dispatched_, s->watcher->spec().start_revision));
+      s->last_sent = now;
     }
     slot_ = (slot_ + 1) % kBookmarkSlots;
     next_bookmark_ = now + options_.bookmark_interval / kBookmarkSlots;

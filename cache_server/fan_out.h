@@ -21,12 +21,16 @@
 //   revision is, so that a client-go style reflector lists again.
 // - A watcher that reads nothing at all is ended by itself (Watcher::Sweep, every
 //   kSweepInterval) once its stall timeout has passed, with RESOURCE_EXHAUSTED.
-// - Bookmarks: every bookmark_interval / kBookmarkSlots the fan-out turns to the next of
-//   kBookmarkSlots slots and bookmarks those synced watchers of the slot that have been sent
-//   nothing for half an interval, at the last revision dispatched. So an idle watcher gets one
-//   every interval and never goes longer than about one and a half without a word, and thousands
-//   of idle watchers do not all get theirs in the same instant. A parked watcher gets none (it
-//   has not got everything up to that revision).
+// - Bookmarks, only for watchers that asked for them (WatchSpec::periodic_bookmarks, from
+//   WatchRequest.allow_bookmarks), as Kubernetes sends them only with allowWatchBookmarks and
+//   etcd only with progress_notify; the others are never looked at for one. Every
+//   bookmark_interval / kBookmarkSlots the fan-out turns to the next of kBookmarkSlots slots and
+//   bookmarks those synced watchers of the slot that have been sent nothing for half an
+//   interval, at the last revision dispatched. So an idle watcher that asked gets one every
+//   interval and never goes longer than about one and a half without a word, and thousands of
+//   idle watchers do not all get theirs in the same instant. A parked watcher gets none (it has
+//   not got everything up to that revision). (The bookmark that ends a watch's initial events is
+//   not the fan-out's: it is among the initial events, which every watcher gets.)
 // - A resource that stops being served (ResourceGone): its synced watchers that started before
 //   the marker's revision are ended at once with the marker's status; its parked ones are caught
 //   up to the marker's revision first, then ended.
@@ -155,7 +159,7 @@ class FanOut {
     int64_t caught_up = 0;
     bool unflushed = false;
     absl::Time last_sent;
-    int bookmark_slot = 0;
+    int bookmark_slot = 0;  // when it asked for periodic bookmarks
     // Parked when its resource stopped being served: ended once caught up to here.
     std::optional<Gone> pending_end;
   };
@@ -176,11 +180,13 @@ class FanOut {
   absl::flat_hash_map<Watcher*, std::unique_ptr<State>> states_;
   // Synced watchers, by resource.
   std::map<std::string, std::set<State*>> synced_;
+  // The watchers that asked for periodic bookmarks (synced or parked), by bookmark slot.
+  std::set<State*> bookmark_slots_[kBookmarkSlots];
   // Parked watchers, in the order they were parked (caught up in turn).
   std::vector<State*> parked_;
   std::vector<State*> unflushed_;
   int64_t dispatched_ = 0;
-  uint64_t added_ = 0;  // deals the bookmark slots
+  uint64_t bookmarked_added_ = 0;  // deals the bookmark slots
   int slot_ = 0;
   absl::Time next_bookmark_ = absl::InfinitePast();
   absl::Time next_sweep_ = absl::InfinitePast();

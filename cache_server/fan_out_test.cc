@@ -21,6 +21,7 @@ using ::shardcache::testing::FakeHistory;
 using ::shardcache::testing::FakeWatcher;
 using ::shardcache::testing::MakeEvent;
 using ::shardcache::testing::Spec;
+using ::shardcache::testing::WithBookmarks;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -286,9 +287,70 @@ TEST_F(FanOutTest, Dispatch_SkipsEventsAtOrBeforeTheStart_AlsoWhenCaughtUp) {
   EXPECT_EQ(late.seen(), Added(6, 8));
 }
 
+TEST_F(FanOutTest, Bookmarks_OnlyForWatchersThatAskedForThem) {
+  FakeWatcher asked(WithBookmarks(Spec(0, "app=none")));
+  FakeWatcher not_asked(Spec(0, "app=none"));
+  fan_out_->Add(&asked);
+  fan_out_->Add(&not_asked);
+  Add(1, "o1");
+  // Idle for two and a half intervals (10 s): one bookmark an interval for the one that asked.
+  for (int second = 0; second < 25; ++second) {
+    clock_.Advance(absl::Seconds(1));
+    fan_out_->Tick(clock_.Now());
+  }
+  EXPECT_THAT(asked.seen(), ElementsAre("BOOKMARK 1", "BOOKMARK 1"));
+  EXPECT_THAT(not_asked.seen(), ::testing::IsEmpty()) << "no periodic bookmark unasked";
+  // Events still reach both.
+  Add(2, "o2", "none");
+  EXPECT_THAT(asked.seen(), ElementsAre("BOOKMARK 1", "BOOKMARK 1", "ADDED o2 none"));
+  EXPECT_THAT(not_asked.seen(), ElementsAre("ADDED o2 none"));
+}
+
+TEST_F(FanOutTest, Bookmarks_SlotsAreDealtAmongTheWatchersThatAsked) {
+  // Every other watcher asks: the ten that ask still get their bookmarks one a slot, spread
+  // over the interval, not two in one slot and none in the next.
+  std::vector<std::unique_ptr<FakeWatcher>> watchers;
+  for (int i = 0; i < 20; ++i) {
+    WatchSpec spec = Spec(0, "app=none");
+    watchers.push_back(std::make_unique<FakeWatcher>(i % 2 == 0 ? WithBookmarks(spec) : spec));
+    fan_out_->Add(watchers.back().get());
+  }
+  // Once every watcher has been idle for half an interval, each slot (1 s) bookmarks one.
+  clock_.Advance(absl::Seconds(5));
+  fan_out_->Tick(clock_.Now());
+  auto bookmarked = [&] {
+    size_t n = 0;
+    for (const auto& w : watchers) n += w->seen().size();
+    return n;
+  };
+  size_t before = bookmarked();
+  for (int slot = 0; slot < FanOut::kBookmarkSlots; ++slot) {
+    clock_.Advance(absl::Seconds(1));
+    fan_out_->Tick(clock_.Now());
+    EXPECT_EQ(bookmarked(), before + slot + 1) << "slot " << slot;
+  }
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(watchers[i]->seen().empty(), i % 2 != 0) << "watcher " << i;
+  }
+}
+
+TEST_F(FanOutTest, Bookmarks_NoneForAWatcherRemoved) {
+  FakeWatcher removed(WithBookmarks(Spec(0)));
+  FakeWatcher kept(WithBookmarks(Spec(0)));
+  fan_out_->Add(&removed);
+  fan_out_->Add(&kept);
+  EXPECT_TRUE(fan_out_->Remove(&removed));
+  for (int second = 0; second < 25; ++second) {
+    clock_.Advance(absl::Seconds(1));
+    fan_out_->Tick(clock_.Now());
+  }
+  EXPECT_THAT(removed.seen(), ::testing::IsEmpty());
+  EXPECT_THAT(kept.seen(), ElementsAre("BOOKMARK 0", "BOOKMARK 0"));
+}
+
 TEST_F(FanOutTest, Bookmarks_NotForAParkedWatcher_WhichHasNotGotEverything) {
-  FakeWatcher parked(Spec(0), /*capacity=*/1);
-  FakeWatcher idle(Spec(0, "app=none"));
+  FakeWatcher parked(WithBookmarks(Spec(0)), /*capacity=*/1);
+  FakeWatcher idle(WithBookmarks(Spec(0, "app=none")));
   fan_out_->Add(&parked);
   fan_out_->Add(&idle);
   Add(1, "o1");

@@ -624,6 +624,12 @@ void KubeApiServer::ServeWatch(const KubePath& path, const std::optional<PeerIde
   // run of events in one write.
   w.set_json_objects(true);
   w.set_batch_events(true);
+  // Periodic bookmarks on the in-process call whether or not the client asked for them
+  // (allowWatchBookmarks): RenderWatchEvent drops them when it did not, as kube-apiserver then
+  // sends none. This thread blocks in Read and notices a client that has gone only when
+  // something arrives; without them an idle watch whose client left would hold its connection's
+  // thread until the next change or its timeout (max_watch_timeout).
+  w.set_allow_bookmarks(true);
   watch->resource = r;
   watch->view = absl::StrCat(ApiVersion(r.group, r.version), " ", r.kind);
   watch->fields = params.fields;

@@ -731,6 +731,7 @@ absl::Status ObjectStore::StartWatch(const v1::WatchRequest& req, Watcher* watch
   spec.filter = std::move(filter);
   spec.start_revision = durable_revision_;
   spec.encoding = req.json_objects() ? ObjectEncoding::kJson : ObjectEncoding::kProto;
+  spec.periodic_bookmarks = req.allow_bookmarks();
   watcher->Init(std::move(spec), std::move(initial));
   return watch_cache_->Register(watcher);
 }

@@ -27,6 +27,7 @@ using ::shardcache::testing::FakeHistory;
 using ::shardcache::testing::FakeWatcher;
 using ::shardcache::testing::MakeEvent;
 using ::shardcache::testing::Spec;
+using ::shardcache::testing::WithBookmarks;
 
 class WatchCacheTest : public ::testing::Test {
  protected:
@@ -78,7 +79,7 @@ TEST_F(WatchCacheTest, ResourceGone_EndsAfterEarlierEvents) {
 
 TEST_F(WatchCacheTest, Bookmarks_CarryDispatchedRevision) {
   WatchCache cache({absl::Milliseconds(20)}, &metrics_);
-  FakeWatcher w(Spec(3));
+  FakeWatcher w(WithBookmarks(Spec(3)));
   ASSERT_TRUE(cache.Register(&w).ok());
   EXPECT_EQ(w.WaitFor(1).front(), "BOOKMARK 3");
   cache.Publish({MakeEvent(4, v1::WatchEvent::ADDED, "a", "web")});
@@ -115,8 +116,8 @@ void StepOneSlot(FakeClock* clock) {
 TEST_F(WatchCacheTest, Bookmarks_OnlyForWatchersThatWereSentNothing) {
   FakeClock clock;
   WatchCache cache(OnFakeClock(&clock), &metrics_);
-  FakeWatcher busy(Spec(0, "app=web"));
-  FakeWatcher idle(Spec(0, "app=db"));
+  FakeWatcher busy(WithBookmarks(Spec(0, "app=web")));
+  FakeWatcher idle(WithBookmarks(Spec(0, "app=db")));
   ASSERT_TRUE(cache.Register(&busy).ok());
   ASSERT_TRUE(cache.Register(&idle).ok());
   ASSERT_TRUE(clock.AwaitWaiters(1));
@@ -146,7 +147,7 @@ TEST_F(WatchCacheTest, Bookmarks_OfIdleWatchers_AreSpreadOverTheInterval) {
   WatchCache cache(OnFakeClock(&clock), &metrics_);
   std::vector<std::unique_ptr<FakeWatcher>> watchers;
   for (int i = 0; i < 40; ++i) {
-    watchers.push_back(std::make_unique<FakeWatcher>(Spec(0)));
+    watchers.push_back(std::make_unique<FakeWatcher>(WithBookmarks(Spec(0))));
     ASSERT_TRUE(cache.Register(watchers.back().get()).ok());
   }
   ASSERT_TRUE(clock.AwaitWaiters(1));

@@ -30,7 +30,8 @@ cache.
   store changes between its pages, the first list of an informer (resourceVersion=0), lists at an
   exact and at a not-older-than resourceVersion, a watch from the list's resourceVersion with
   bookmarks that keeps a store equal to a fresh list through a change, a create and a delete;
-  watches with selectors and a cluster prefix, with timeoutSeconds, with sendInitialEvents; and,
+  watches with selectors and a cluster prefix, with timeoutSeconds, with sendInitialEvents; an
+  idle watch without bookmarks that the view ends soon after its client leaves; and,
   from a resourceVersion that has left the history window, HTTP 200 then one ERROR event (Status
   410 Expired) that ends the stream, after which a relist and a new watch work.
 - StartupTest: the view is off by default (no kube_api_port in the port file).
@@ -59,6 +60,7 @@ import tempfile
 import time
 import unittest
 import urllib.parse
+import urllib.request
 import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -1070,6 +1072,29 @@ class ReflectorTest(_Deployment):
             "application/json"))
         self.assertIsNone(stream.next(), "no change, no bookmarks asked for: no event")
         self.assertGreaterEqual(time.monotonic() - start, 2.5)
+        self.assertEqual(stream.events, [])
+
+    def view_watches(self):
+        """The watches of the view in progress (its shardcache_kube_api_watches gauge)."""
+        url = "http://127.0.0.1:%d/metrics" % self.cache.http_port
+        with urllib.request.urlopen(url, timeout=CALL_TIMEOUT) as response:
+            for line in response.read().decode().splitlines():
+                if line.startswith("shardcache_kube_api_watches "):
+                    return float(line.split()[1])
+        return 0.0
+
+    def test_IdleWatchWithoutBookmarks_EndsSoonAfterItsClientLeaves(self):
+        # The client asks for no bookmarks and nothing changes, so nothing is written to it;
+        # still, once it has gone, the view notices within a few bookmark intervals, not at the
+        # watch's timeout (30 min), and its connection's thread is free again.
+        before = self.view_watches()
+        stream = WatchStream(self.cache.kube_api_port, ALL + WIDGETS_PATH, {
+            "resourceVersion": self.fresh_list().resource_version})
+        self.assertEqual(stream.status, 200)
+        wait_for("the view's watch to start", lambda: self.view_watches() == before + 1)
+        stream.close()
+        wait_for("the view to end the watch whose client left",
+                 lambda: self.view_watches() == before, timeout=10)
         self.assertEqual(stream.events, [])
 
     def test_SendInitialEvents_AddsEveryObjectThenTheEndBookmark(self):

@@ -196,6 +196,7 @@ TEST_F(LeadershipTest, LeaseTakenAwayAndHandedBack) {
   v1::WatchRequest req;
   *req.mutable_resource() = WidgetsGvr();
   req.set_shard("a");
+  req.set_allow_bookmarks(true);  // NothingMoreUpTo waits for one
   WatchReader widget_watch(cache(), req);
   *req.mutable_resource() = CcrGvr();
   WatchReader ccr_watch(cache(), req);

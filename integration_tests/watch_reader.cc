@@ -12,6 +12,7 @@ v1::WatchRequest WatchReq(const v1::GroupVersionResource& gvr, const std::string
   v1::WatchRequest req;
   *req.mutable_resource() = gvr;
   req.set_resource_version(rv);
+  req.set_allow_bookmarks(true);
   return req;
 }
 

@@ -31,7 +31,8 @@ inline constexpr absl::Duration kWatchWait = absl::Seconds(10);
 // The deadline of a WatchReader's stream: just below ctest's 180 s per test.
 inline constexpr absl::Duration kWatchLifetime = absl::Seconds(170);
 
-// A request to watch `gvr` from resourceVersion `rv` ("": from now, with the current state first).
+// A request to watch `gvr` from resourceVersion `rv` ("": from now, with the current state first),
+// asking for periodic bookmarks (allow_bookmarks), which NothingMoreUpTo waits for.
 v1::WatchRequest WatchReq(const v1::GroupVersionResource& gvr, const std::string& rv = "");
 v1::WatchRequest WatchReq(const v1::GroupVersionResource& gvr, int64_t rv);
 

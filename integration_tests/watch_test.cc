@@ -1,7 +1,8 @@
 // Process-level tests of the Watch RPC against a real cache_server: where a watch starts (from a
 // resourceVersion, or from now with the current state and the initial-events-end bookmark),
-// filters and how updates that cross them are seen, the history window, periodic bookmarks, slow
-// watchers, resource definitions that go away, and many watchers at once.
+// filters and how updates that cross them are seen, the history window, periodic bookmarks (only
+// for a watch that asks), slow watchers, resource definitions that go away, and many watchers at
+// once.
 
 #include <gmock/gmock.h>
 #include <google/protobuf/util/json_util.h>
@@ -373,6 +374,47 @@ TEST_F(WatchTest, PeriodicBookmarks_ReachAnIdleWatch) {
     ASSERT_TRUE(e.has_value());
     EXPECT_EQ(e->type(), v1::WatchEvent::BOOKMARK);
     EXPECT_EQ(e->object().metadata().resource_version(), absl::StrCat(rv2));
+  }
+}
+
+TEST_F(WatchTest, PeriodicBookmarks_OnlyForAWatchThatAsked) {
+  StartServer({"--bookmark-interval=200ms"});
+  int64_t rv = MustCreate(widgets_, Obj("c1", "ns1", "w1"));
+  // Two watches as grpcurl sends them (allow_bookmarks unset), from now and from a revision,
+  // and one that asks.
+  v1::WatchRequest from_now = WatchReq(widgets_);
+  from_now.clear_allow_bookmarks();
+  v1::WatchRequest from_rv = WatchReq(widgets_, rv);
+  from_rv.clear_allow_bookmarks();
+  WatchReader plain_now(stub_.get(), from_now);
+  WatchReader plain_rv(stub_.get(), from_rv);
+  WatchReader asked(stub_.get(), WatchReq(widgets_));
+  v1::WatchEvent initial_end;
+  EXPECT_EQ(plain_now.TakeInitial(&initial_end).size(), 1u)
+      << "the bookmark that ends the initial events comes all the same";
+  EXPECT_EQ(initial_end.object().metadata().annotations().count(kInitialEventsEnd), 1u);
+  EXPECT_EQ(asked.TakeInitial().size(), 1u);
+
+  // Five bookmarks to the one that asked: a second (five intervals) at least, in which the others
+  // were sent nothing, and are sent nothing for five more intervals.
+  for (int i = 0; i < 5; ++i) {
+    auto e = asked.Next(absl::Seconds(5));
+    ASSERT_TRUE(e.has_value()) << "no periodic bookmark " << i;
+    EXPECT_EQ(e->type(), v1::WatchEvent::BOOKMARK) << Summary(*e);
+    EXPECT_EQ(e->object().metadata().resource_version(), absl::StrCat(rv));
+  }
+  for (WatchReader* w : {&plain_now, &plain_rv}) {
+    auto e = w->Next(absl::Seconds(1));
+    EXPECT_FALSE(e.has_value()) << "a watch that did not ask got " << Summary(*e);
+    EXPECT_FALSE(w->WaitForEnd(absl::ZeroDuration()).has_value()) << "the watch ended";
+  }
+
+  // Events reach them as ever, with nothing in front.
+  int64_t rv2 = MustCreate(widgets_, Obj("c1", "ns1", "w2"));
+  for (WatchReader* w : {&plain_now, &plain_rv}) {
+    auto e = w->Next();
+    ASSERT_TRUE(e.has_value());
+    EXPECT_EQ(Summary(*e), Summary("ADDED", "w2", rv2));
   }
 }
 

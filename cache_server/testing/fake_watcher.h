@@ -158,6 +158,11 @@ inline WatchSpec Spec(int64_t start, const std::string& selector = "") {
   s.filter.selector = *LabelSelector::Parse(selector);
   return s;
 }
+// `spec`, asking for periodic bookmarks (WatchRequest.allow_bookmarks).
+inline WatchSpec WithBookmarks(WatchSpec spec) {
+  spec.periodic_bookmarks = true;
+  return spec;
+}
 
 // An event of "example.com/widgets": `name` labelled app=`app` (and before the change
 // app=`prev_app`, when given).

@@ -94,6 +94,9 @@ std::unique_ptr<WatchEventStream> StoreListerWatcher::Watch(const std::string& r
   v1::WatchRequest req;
   SetResourceAndFilters(&req);
   req.set_resource_version(resource_version);
+  // Bookmarks keep an idle watch's resourceVersion recent (a resumed watch then stays inside the
+  // history window) and tell the Reflector the stream is alive (its watch_idle_timeout).
+  req.set_allow_bookmarks(true);
   WatchStream::Options options;
   if (options_.watch_timeout > absl::ZeroDuration()) {
     // Spread over up to twice the timeout, so that many watchers do not reconnect at once.
