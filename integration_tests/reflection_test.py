@@ -73,8 +73,8 @@ CALL_TIMEOUT = 10.0
 COMMAND_TIMEOUT = 60.0  # one grpcurl_lite.py process
 DOC_COMMAND_MAX_TIME = 20  # -max-time given to documented commands that set none themselves
 # The least -max-time a documented command runs with. A watch that a document ends with -max-time 2
-# prints the same events (periodic bookmarks aside) whether it is open 2 s or 6, but a busy
-# machine can take most of 2 s to start the client and resolve the method by reflection.
+# prints the same events whether it is open 2 s or 6 (it asks for no periodic bookmarks), but a
+# busy machine can take most of 2 s to start the client and resolve the method by reflection.
 DOC_COMMAND_MIN_MAX_TIME = 6
 DOC_SCRIPT_TIMEOUT = 150.0
 EVENTUALLY_TIMEOUT = 30.0  # a documented command re-run until its check passes
@@ -688,26 +688,11 @@ def check_capture(command):
         command, match.group(1), match.group(1))
 
 
-_MESSAGE = re.compile(r"^\{\n.*?^\}\n", re.M | re.S)
-
-
-def drop_periodic_bookmarks(out):
-    """grpcurl's output of a watch without the periodic BOOKMARK events (those without the
-    initial-events-end annotation), which come every --bookmark-interval whatever happened and
-    so may or may not fall inside a watch of a few seconds. Each message grpcurl prints is an
-    object from a "{" line to a "}" line."""
-    messages = _MESSAGE.findall(out)
-    if "".join(messages) != out:
-        return out  # Not a sequence of messages (or an empty one): leave it as it is.
-    return "".join(m for m in messages if '"type": "BOOKMARK"' not in m or
-                   "k8s.io/initial-events-end" in m)
-
-
 def assert_shown_output(test, shown, out, what, numbers=True):
-    """A document's shown output of a command is what it printed (see normalize_output), but
-    for the periodic bookmarks of a watch, which the documents leave out."""
-    test.assertEqual(normalize_output(shown, numbers),
-                     normalize_output(drop_periodic_bookmarks(out), numbers),
+    """A document's shown output of a command is what it printed (see normalize_output). The
+    documents' watches ask for no periodic bookmarks (allow_bookmarks), so a watch prints no
+    BOOKMARK but the one that ends its initial events, however long it runs."""
+    test.assertEqual(normalize_output(shown, numbers), normalize_output(out, numbers),
                      "the document shows another output than grpcurl prints for\n" + what)
 
 
@@ -931,11 +916,10 @@ def _watch_shows(*names):
         t.assertEqual(rc, grpcurl_lite.STATUS_CODE_OFFSET + grpc.StatusCode.DEADLINE_EXCEEDED.value[0])
         events = _json(out)
         types = [e["type"] for e in events]
-        t.assertIn("BOOKMARK", types)
-        initial = events[:types.index("BOOKMARK")]  # Later events: periodic bookmarks only.
-        t.assertEqual([(e["type"], e["object"]["metadata"].get("name")) for e in initial],
+        # The initial events and their bookmark; no periodic bookmark, none was asked for.
+        t.assertEqual(types[-1:], ["BOOKMARK"], out)
+        t.assertEqual([(e["type"], e["object"]["metadata"].get("name")) for e in events[:-1]],
                       [("ADDED", n) for n in names])
-        t.assertEqual(set(types[len(initial):]), {"BOOKMARK"})
     return check
 
 
