@@ -18,6 +18,8 @@
 #   b: --watchers=1000  --watchers-per-conn=16 --resources=1   --write-rate=500
 #   c: --watchers=10000 --watchers-per-conn=16 --resources=100 --write-rate=10
 #   custom: watchbench's defaults, changed by the flags after --
+# The watchers ask for no periodic bookmarks (cache_server: allow_bookmarks unset; etcd: no
+# progress_notify), as etcd's and most watchers do; `-- --bookmarks` makes both ask.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

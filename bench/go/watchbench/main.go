@@ -54,6 +54,7 @@ var (
 	flagDrainTimeout    = flag.Duration("drain-timeout", 30*time.Second, "after the last write, how long the watchers may take to receive every acknowledged write")
 	flagBatch           = flag.Bool("batch-events", true, "cache_server: ask for several events per message when a watcher is behind (WatchRequest.batch_events); etcd batches by itself")
 	flagJSONObjects     = flag.Bool("json-objects", false, "cache_server: ask for objects as JSON bytes (WatchRequest.json_objects) and read seq, sent and resourceVersion out of them without decoding the rest, as etcd's value is read")
+	flagBookmarks       = flag.Bool("bookmarks", false, "ask for periodic bookmarks, as a client that resumes or watches for a silent stream does: cache_server's WatchRequest.allow_bookmarks, etcd's progress_notify (each received counts in \"bookmark messages /s\"); rest always asks (allowWatchBookmarks=true, which sendInitialEvents needs, as client-go's reflector sends it)")
 	flagWindow          = flag.Int("initial-window-size", 0, "grpc-go per-stream HTTP/2 window in bytes (0: grpc-go's default, with its BDP estimation)")
 	flagConnWindow      = flag.Int("initial-conn-window-size", 0, "grpc-go per-connection HTTP/2 window in bytes (0: grpc-go's default)")
 	flagServerPid       = flag.Int("server-pid", 0, "the server's pid (on this machine): report its CPU per delivered event, its RSS and its busiest threads")
@@ -78,14 +79,14 @@ func main() {
 	run := fmt.Sprintf("r%d-%06x", time.Now().Unix(), rand.New(rand.NewSource(time.Now().UnixNano())).Intn(1<<24))
 	switch *flagTarget {
 	case "cache", "cache_server":
-		t = &cacheTarget{cluster: "bench-" + run, batch: *flagBatch, json: *flagJSONObjects}
+		t = &cacheTarget{cluster: "bench-" + run, batch: *flagBatch, json: *flagJSONObjects, bookmarks: *flagBookmarks}
 	case "rest":
 		if *flagRestAddr == "" {
 			fatalf("--target=rest needs --rest-addr (cache_server's --kube-api-listen)")
 		}
 		t = &restTarget{cacheTarget: cacheTarget{cluster: "bench-" + run}, base: "http://" + *flagRestAddr}
 	case "etcd":
-		t = &etcdTarget{run: run}
+		t = &etcdTarget{run: run, progressNotify: *flagBookmarks}
 	default:
 		fatalf("--target=%q: want cache, rest or etcd", *flagTarget)
 	}

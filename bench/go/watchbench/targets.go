@@ -54,6 +54,9 @@ type cacheTarget struct {
 	// seq, sent and resourceVersion out of the JSON without decoding the rest, as it reads etcd's
 	// value, whose prefix carries seq and sent.
 	json bool
+	// bookmarks asks for periodic bookmarks (WatchRequest.allow_bookmarks); etcd's counterpart is
+	// progress_notify, which etcdTarget asks for with the same flag.
+	bookmarks bool
 }
 
 func (t *cacheTarget) name() string { return "cache_server" }
@@ -67,10 +70,11 @@ const initialEventsEnd = "k8s.io/initial-events-end"
 func (t *cacheTarget) watch(ctx context.Context, conn *grpc.ClientConn, w *watcher, ready func()) error {
 	client := storev1.NewStoreClient(conn)
 	stream, err := client.Watch(ctx, &storev1.WatchRequest{
-		Resource:    t.gvr(w.resource),
-		Cluster:     t.cluster,
-		BatchEvents: t.batch,
-		JsonObjects: t.json,
+		Resource:       t.gvr(w.resource),
+		Cluster:        t.cluster,
+		BatchEvents:    t.batch,
+		JsonObjects:    t.json,
+		AllowBookmarks: t.bookmarks,
 	})
 	if err != nil {
 		return err
@@ -182,6 +186,9 @@ func (t *cacheTarget) probe(ctx context.Context, conn *grpc.ClientConn) error {
 type etcdTarget struct {
 	// run is part of every key, new in every run, as cacheTarget's cluster.
 	run string
+	// progressNotify asks for progress notifications (etcd's periodic bookmarks; etcd 3.4 sends
+	// them every 10 minutes unless --experimental-watch-progress-notify-interval says otherwise).
+	progressNotify bool
 }
 
 func (t *etcdTarget) name() string { return "etcd" }
@@ -211,7 +218,7 @@ func (t *etcdTarget) watch(ctx context.Context, conn *grpc.ClientConn, w *watche
 	}
 	p := t.prefix(w.resource)
 	err = stream.Send(&etcdserverpb.WatchRequest{RequestUnion: &etcdserverpb.WatchRequest_CreateRequest{
-		CreateRequest: &etcdserverpb.WatchCreateRequest{Key: []byte(p), RangeEnd: prefixEnd(p)},
+		CreateRequest: &etcdserverpb.WatchCreateRequest{Key: []byte(p), RangeEnd: prefixEnd(p), ProgressNotify: t.progressNotify},
 	}})
 	if err != nil {
 		return err
@@ -231,6 +238,9 @@ func (t *etcdTarget) watch(ctx context.Context, conn *grpc.ClientConn, w *watche
 			ready()
 		}
 		if len(resp.Events) == 0 {
+			if !resp.Created {
+				w.bookmark() // a progress notification
+			}
 			continue
 		}
 		w.beginMessage()

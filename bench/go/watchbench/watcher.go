@@ -16,7 +16,7 @@ type watcher struct {
 	events    atomic.Int64 // deliveries of this run's writes, duplicates included
 	distinct  atomic.Int64 // distinct writes delivered
 	messages  atomic.Int64 // messages that carried at least one of this run's writes
-	bookmarks atomic.Int64 // bookmarks received (cache_server), initial-events-end excluded
+	bookmarks atomic.Int64 // bookmarks (etcd: progress notifications) received, initial-events-end excluded
 	done      atomic.Bool  // the stream has ended
 
 	mu           sync.Mutex
