@@ -267,6 +267,11 @@ void CcrController::SyncCopy(const std::string& cluster, const std::string& name
   }
   // The copies informer sees the result and enqueues the CCR again if it still differs.
   std::string key = CcrKey(cluster, name);
+  std::optional<v1::GroupVersionResource> names;
+  if (ccr != nullptr) {
+    absl::StatusOr<CcrSpec> spec = ParseCcrSpec(*ccr, nullptr);
+    if (spec.ok()) names = spec->resource;
+  }
   // Never dropped while the term lasts: retried with backoff, or as soon as the cache can be
   // reached again. (The writer runs or drops its callbacks before this controller stops.)
   auto retry = [this, key](const absl::Status& s) {
@@ -275,22 +280,45 @@ void CcrController::SyncCopy(const std::string& cluster, const std::string& name
       queue_->AddRateLimited(key);
       return;
     }
-    {
-      absl::MutexLock l(&mu_);
-      if (!copies_waiting_.insert(key).second) return;  // already waiting for the cache
-    }
-    options_.writer->WhenAvailable([this, key] {
-      {
-        absl::MutexLock l(&mu_);
-        copies_waiting_.erase(key);
-      }
-      queue_->Forget(key);
-      queue_->Add(key);
-    });
+    RequeueWhenAvailable(key);
   };
   absl::Status sent = options_.writer->Write(
-      std::move(request), [retry](const absl::Status& s, const v1::WriteResponse&) { retry(s); });
+      std::move(request),
+      [this, key, names, retry](const absl::Status& s, const v1::WriteResponse& answer) {
+        if (s.ok()) CopyWritten(key, ResourceVersionNumber(answer.object()), names);
+        retry(s);
+      });
   if (!sent.ok()) retry(sent);
+}
+
+void CcrController::CopyWritten(const std::string& key, int64_t resource_version,
+                                std::optional<v1::GroupVersionResource> names) {
+  bool awaited;
+  {
+    absl::MutexLock l(&mu_);
+    WrittenCopy& written = copies_written_[key];
+    if (resource_version >= written.resource_version) {
+      written.resource_version = resource_version;
+      written.names = std::move(names);
+    }
+    awaited = awaiting_copy_.erase(key) > 0;
+  }
+  if (awaited) queue_->Add(key);
+}
+
+void CcrController::RequeueWhenAvailable(const std::string& key) {
+  {
+    absl::MutexLock l(&mu_);
+    if (!waiting_for_cache_.insert(key).second) return;  // already waiting for the cache
+  }
+  options_.writer->WhenAvailable([this, key] {
+    {
+      absl::MutexLock l(&mu_);
+      waiting_for_cache_.erase(key);
+    }
+    queue_->Forget(key);
+    queue_->Add(key);
+  });
 }
 
 absl::StatusOr<v1::Object> CcrController::WriteStatus(const v1::Object& ccr,
@@ -351,6 +379,11 @@ CcrController::Next CcrController::Reconcile(const std::string& key) {
   CcrInvalid invalid;
   absl::StatusOr<CcrSpec> spec = ParseCcrSpec(*ccr, &invalid);
   ObjectRef duplicate_of = Validate(*ccr, spec, invalid, &state);
+  // Every path below may update the CCR's copy: what it names now is purged first.
+  if (std::optional<Next> held =
+          PurgeFormerResource(key, cluster, name, spec.ok() ? &*spec : nullptr)) {
+    return *held;
+  }
   if (ccr->metadata().has_deletion_timestamp()) {
     return ReconcileDeleting(*ccr, spec, state.valid, &state);
   }
@@ -366,10 +399,80 @@ CcrController::Next CcrController::Reconcile(const std::string& key) {
 
 CcrController::Next CcrController::ReconcileGone(const std::string& cluster,
                                                  const std::string& name) {
-  TakeController(CcrKey(cluster, name)).reset();
+  std::string key = CcrKey(cluster, name);
+  TakeController(key).reset();
+  if (std::optional<Next> held = PurgeFormerResource(key, cluster, name, nullptr)) return *held;
   if (options_.metrics != nullptr) options_.metrics->RemoveCacheObjects(cluster, name);
   SyncCopy(cluster, name, nullptr);
   return Next::kDone;
+}
+
+std::optional<CcrController::Next> CcrController::PurgeFormerResource(const std::string& key,
+                                                                      const std::string& cluster,
+                                                                      const std::string& name,
+                                                                      const CcrSpec* current) {
+  std::optional<v1::GroupVersionResource> former = NamedByCopy(cluster, name);
+  if (!former.has_value()) return std::nullopt;
+  if (current != nullptr && GvrKey(current->resource) == GvrKey(*former)) return std::nullopt;
+  // A controller that still replicates the former resource would restore what is purged.
+  std::unique_ptr<ReplicationController> old;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = controllers_.find(key);
+    if (it != controllers_.end() &&
+        (current == nullptr || GvrKey(it->second->spec().resource) != GvrKey(current->resource))) {
+      old = std::move(it->second);
+      controllers_.erase(it);
+    }
+  }
+  old.reset();
+  if (BackedByAnother(cluster, name, *former)) return std::nullopt;
+  int64_t left = Purge(*former, cluster);
+  if (left == 0) return std::nullopt;
+  if (left > 0) {
+    spdlog::info(
+        "clustercachedresource {}|{}: its copy in the cache names {}, which it no longer "
+        "replicates: {} copies are purged before the copy changes",
+        cluster, name, GvrKey(*former), left);
+  }
+  if (!options_.writer->Available()) {
+    RequeueWhenAvailable(key);
+    return Next::kDone;
+  }
+  return left < 0 ? Next::kRetry : Next::kSoon;  // until the cache informer shows none left
+}
+
+std::optional<v1::GroupVersionResource> CcrController::NamedByCopy(const std::string& cluster,
+                                                                   const std::string& name) const {
+  ObjectRef copy = options_.cache_ccrs->store().Get(ObjectKey(options_.shard, cluster, "", name));
+  int64_t seen = copy != nullptr ? ResourceVersionNumber(*copy) : 0;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = copies_written_.find(CcrKey(cluster, name));
+    if (it != copies_written_.end() && it->second.resource_version > seen) return it->second.names;
+  }
+  if (copy == nullptr) return std::nullopt;
+  absl::StatusOr<CcrSpec> spec = ParseCcrSpec(*copy, nullptr);
+  if (!spec.ok()) return std::nullopt;
+  return spec->resource;
+}
+
+bool CcrController::BackedByAnother(const std::string& cluster, const std::string& name,
+                                    const v1::GroupVersionResource& resource) const {
+  for (const ObjectRef& o : options_.ccrs->store().List()) {
+    if (o->metadata().cluster() != cluster || o->metadata().name() == name ||
+        o->metadata().has_deletion_timestamp()) {
+      continue;
+    }
+    absl::StatusOr<CcrSpec> spec = ParseCcrSpec(*o, nullptr);
+    if (!spec.ok() || GvrKey(spec->resource) != GvrKey(resource) ||
+        EarlierDuplicate(*o, *spec) != nullptr) {
+      continue;
+    }
+    std::optional<v1::GroupVersionResource> named = NamedByCopy(cluster, o->metadata().name());
+    if (named.has_value() && GvrKey(*named) == GvrKey(resource)) return true;
+  }
+  return false;
 }
 
 ObjectRef CcrController::Validate(const v1::Object& ccr, const absl::StatusOr<CcrSpec>& spec,
@@ -479,6 +582,30 @@ CcrController::Next CcrController::ReconcileServed(const std::string& key, const
                                                    const CcrSpec& spec,
                                                    const absl::Status& old_stop_reason,
                                                    CcrState* state) {
+  bool running_now;
+  {
+    absl::MutexLock l(&mu_);
+    running_now = controllers_.count(key) > 0;
+  }
+  if (!running_now) {
+    std::optional<v1::GroupVersionResource> named =
+        NamedByCopy(ccr.metadata().cluster(), ccr.metadata().name());
+    if (!named.has_value() || GvrKey(*named) != GvrKey(spec.resource)) {
+      // The copy that Publish writes names the resource first; its acknowledgement enqueues.
+      {
+        absl::MutexLock l(&mu_);
+        awaiting_copy_.insert(key);
+      }
+      state->started = false;
+      state->started_reason = "WaitingForSync";
+      state->started_message = absl::StrCat(
+          "replication starts once the cache holds the clustercachedresource's copy naming ",
+          GvrKey(spec.resource));
+      state->synced_reason = "WaitingForSync";
+      state->synced_message = "the clustercachedresource's copy is not yet in the cache";
+      return Next::kSoon;
+    }
+  }
   absl::StatusOr<ReplicationController*> running = EnsureController(key, ccr, spec);
   if (!running.ok()) {
     const absl::Status& failed = running.status();

@@ -17,6 +17,18 @@
 //   - deletion: the controller stops, phase Deleting, the copies are purged, phase Deleted, the
 //     finalizer is removed;
 //   - the CCR itself is copied to the cache (and its copy removed once it is gone);
+//   - the copy as the record: a CCR's copy in the cache names the resource whose copies this
+//     shard may hold for it in its cluster, across terms. Before the copy stops naming a
+//     resource (the spec now names another one or none, or the CCR is gone from the shard store),
+//     the controller of that resource stops and the resource's copies of this shard in the
+//     cluster are purged, unless another valid CCR of the cluster, not being deleted, names it
+//     and its own copy does too; the reconcile goes no further (the copy is neither updated nor
+//     removed) until the cache informer shows none left (while the cache cannot be reached, the
+//     key waits for it). A replication controller starts only once the copy names its resource
+//     (the cache informer shows it, or the cache acknowledged this term's write of it). So a
+//     leader that stops at any point leaves a copy naming every resource it may have copied, and
+//     the next term, whose copies' informer lists every CCR copy as an add (each key is
+//     reconciled, whether or not its CCR still exists), purges what no CCR names any more;
 //   - Synced: True when the running replication controller has no pending key (the cache holds
 //     the whole projection); else False, reason Pending or CacheUnavailable (the writer cannot
 //     reach the cache), with the number of pending objects; False with WaitingForSync,
@@ -38,6 +50,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -104,8 +117,25 @@ class CcrController {
   void Worker();
   // One reconcile of a CCR (see the file comment), in steps:
   Next Reconcile(const std::string& key);
-  // The CCR is gone: its controller stops, its copy is removed.
+  // The CCR is gone: its controller stops, the resource its copy names is purged (see
+  // PurgeFormerResource), then its copy is removed.
   Next ReconcileGone(const std::string& cluster, const std::string& name);
+  // The record (see the file comment): when the CCR's copy names a resource that `current` (null:
+  // the CCR is gone or its spec is invalid) does not, stops the key's controller unless it runs
+  // for `current`, and purges that resource's copies unless another CCR backs them. nullopt once
+  // nothing is left to purge: the copy may change; otherwise what to do with the key.
+  std::optional<Next> PurgeFormerResource(const std::string& key, const std::string& cluster,
+                                          const std::string& name, const CcrSpec* current);
+  // The resource that the CCR's copy in the cache names as far as this term knows: the cache
+  // informer's copy, or this term's acknowledged write of it when that is newer. nullopt: no
+  // copy, or one whose spec names no valid resource.
+  std::optional<v1::GroupVersionResource> NamedByCopy(const std::string& cluster,
+                                                      const std::string& name) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // True when a CCR of `cluster` other than `name`, not being deleted, validly names `resource`
+  // (it is the first for its group and resource) and its own copy names it too.
+  bool BackedByAnother(const std::string& cluster, const std::string& name,
+                       const v1::GroupVersionResource& resource) const;
   // Validity: sets ResourceValid; returns the earlier CCR for the same resource, if any.
   ObjectRef Validate(const v1::Object& ccr, const absl::StatusOr<CcrSpec>& spec,
                      const CcrInvalid& invalid, CcrState* state) const;
@@ -153,6 +183,12 @@ class CcrController {
   absl::StatusOr<v1::Object> WriteStatus(const v1::Object& ccr, const CcrState& state);
   // Makes the CCR's copy in the cache equal to `ccr` (null: absent).
   void SyncCopy(const std::string& cluster, const std::string& name, const v1::Object* ccr);
+  // The cache acknowledged a write of the CCR's copy, now at `resource_version`, naming `names`;
+  // a reconcile that waits for the copy is enqueued.
+  void CopyWritten(const std::string& key, int64_t resource_version,
+                   std::optional<v1::GroupVersionResource> names) ABSL_LOCKS_EXCLUDED(mu_);
+  // Enqueues `key` (its backoff forgotten) once the cache can be reached again; one wait per key.
+  void RequeueWhenAvailable(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
   // The key's replication controller, removed from the map; destroy it outside mu_.
   std::unique_ptr<ReplicationController> TakeController(const std::string& key);
   v1::Fence Fence() const;
@@ -180,8 +216,17 @@ class CcrController {
   mutable absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, std::unique_ptr<ReplicationController>> controllers_ ABSL_GUARDED_BY(mu_);
-  // CCRs whose copy waits for the cache to be reachable again (one WhenAvailable each).
-  std::set<std::string> copies_waiting_ ABSL_GUARDED_BY(mu_);
+  // CCRs that wait for the cache to be reachable again (one WhenAvailable each).
+  std::set<std::string> waiting_for_cache_ ABSL_GUARDED_BY(mu_);
+  // This term's acknowledged writes of CCR copies, by CCR key (NamedByCopy trusts one while the
+  // cache informer shows an older copy).
+  struct WrittenCopy {
+    int64_t resource_version = 0;
+    std::optional<v1::GroupVersionResource> names;
+  };
+  std::map<std::string, WrittenCopy> copies_written_ ABSL_GUARDED_BY(mu_);
+  // CCRs whose replication waits for their copy to name its resource.
+  std::set<std::string> awaiting_copy_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace shardcache

@@ -42,6 +42,7 @@ constexpr char kCluster[] = "root";
 constexpr int64_t kEpoch = 7;
 
 v1::GroupVersionResource Widgets() { return testing::Gvr("example.com", "v1", "widgets"); }
+v1::GroupVersionResource Gadgets() { return testing::Gvr("example.com", "v1", "gadgets"); }
 
 v1::Object Json(const std::string& json) {
   v1::Object o;
@@ -53,6 +54,12 @@ v1::Object Json(const std::string& json) {
 v1::Object WidgetsDefinition() {
   return Json(R"({"metadata": {"name": "widgets.example.com", "resourceVersion": "1"},
     "spec": {"group": "example.com", "names": {"plural": "widgets"}, "scope": "Namespaced",
+             "versions": [{"name": "v1"}]}})");
+}
+
+v1::Object GadgetsDefinition() {
+  return Json(R"({"metadata": {"name": "gadgets.example.com", "resourceVersion": "1"},
+    "spec": {"group": "example.com", "names": {"plural": "gadgets"}, "scope": "Namespaced",
              "versions": [{"name": "v1"}]}})");
 }
 
@@ -71,6 +78,15 @@ v1::Object Ccr(const std::string& name, const std::string& spec, bool finalizer 
 
 constexpr char kWidgetsSpec[] =
     R"({"group": "example.com", "version": "v1", "resource": "widgets"})";
+constexpr char kGadgetsSpec[] =
+    R"({"group": "example.com", "version": "v1", "resource": "gadgets"})";
+
+// The copy of `ccr` that an earlier term left in the cache (at the cache's revision 50).
+v1::Object CopyOf(const v1::Object& ccr) {
+  v1::Object copy = ProjectCopy(ccr, kShard);
+  copy.mutable_metadata()->set_resource_version("50");
+  return copy;
+}
 
 v1::Object Widget(const std::string& name, const std::string& tier = "gold") {
   v1::Object o = Json(absl::StrCat(
@@ -145,6 +161,12 @@ class CcrControllerTest : public ::testing::Test {
   std::shared_ptr<ScriptedListerWatcher> copied_widgets() {
     return cache_source_.For(Widgets(), CopyFilters());
   }
+  std::shared_ptr<ScriptedListerWatcher> local_gadgets() {
+    return shard_source_.For(Gadgets(), LocalFilters());
+  }
+  std::shared_ptr<ScriptedListerWatcher> copied_gadgets() {
+    return cache_source_.For(Gadgets(), CopyFilters());
+  }
   std::shared_ptr<ScriptedListerWatcher> copied_ccrs() {
     ListWatchFilters f;
     f.shard = kShard;
@@ -217,6 +239,34 @@ class CcrControllerTest : public ::testing::Test {
                         ", ReplicationStarted ", Condition(s, "ReplicationStarted"), ", Synced ",
                         Condition(s, "Synced"), "; ", shard_writer_.StatusWrites(),
                         " status writes, ", writer_.WriteCount(), " cache writes");
+  }
+
+  // The positions in writer_.Writes() of the deletes of `name` and of the upserts of `name` (in
+  // that order), for tests of what is written before what.
+  std::pair<std::vector<int>, std::vector<int>> DeletesAndUpserts(const std::string& name) {
+    std::vector<int> deletes;
+    std::vector<int> upserts;
+    std::vector<v1::WriteRequest> writes = writer_.Writes();
+    for (int i = 0; i < static_cast<int>(writes.size()); ++i) {
+      if (writes[i].has_delete_() && writes[i].delete_().name() == name) deletes.push_back(i);
+      if (writes[i].has_upsert() && writes[i].upsert().object().metadata().name() == name) {
+        upserts.push_back(i);
+      }
+    }
+    return {deletes, upserts};
+  }
+  // The resource that the last upsert of CCR `name`'s copy names ("" when none).
+  std::string LastCopyNames(const std::string& name) {
+    std::string resource;
+    for (const v1::WriteRequest& w : writer_.Writes()) {
+      if (!w.has_upsert() || w.upsert().object().metadata().name() != name ||
+          GvrKey(w.upsert().resource()) != GvrKey(CcrResource())) {
+        continue;
+      }
+      const google::protobuf::Value* r = Field(w.upsert().object().spec(), "resource");
+      resource = r == nullptr ? "" : r->string_value();
+    }
+    return resource;
   }
 
   // Waits for `cond`, advancing the controller's clock between polls, so that the queue's
@@ -427,6 +477,8 @@ TEST_F(CcrControllerTest, TheCcrsCopyIsWrittenAndRemoved) {
 TEST_F(CcrControllerTest, SyncedIsPendingWhileWritesAreInFlight) {
   local_widgets()->SetListObjects("store-1", "5", {Widget("w1")});
   ccr_lw()->SetListObjects("store-1", "1", {Ccr("c1", kWidgetsSpec)});
+  // Replicated by an earlier term: replication starts without waiting for a write to the cache.
+  copied_ccrs()->SetListObjects("store-1", "50", {CopyOf(Ccr("c1", kWidgetsSpec))});
   writer_.Hold();
   ASSERT_NO_FATAL_FAILURE(Start());
   ASSERT_TRUE(Advancing([&] { return Condition(LastStatus("c1"), "Synced") == "False/Pending"; },
@@ -440,6 +492,8 @@ TEST_F(CcrControllerTest, SyncedIsPendingWhileWritesAreInFlight) {
 TEST_F(CcrControllerTest, SyncedSaysCacheUnavailable) {
   local_widgets()->SetListObjects("store-1", "5", {Widget("w1")});
   ccr_lw()->SetListObjects("store-1", "1", {Ccr("c1", kWidgetsSpec)});
+  // Replicated by an earlier term: replication starts without waiting for a write to the cache.
+  copied_ccrs()->SetListObjects("store-1", "50", {CopyOf(Ccr("c1", kWidgetsSpec))});
   writer_.AnswerAll(absl::UnavailableError("the stream broke"));
   ASSERT_NO_FATAL_FAILURE(Start());
   ASSERT_TRUE(
@@ -544,6 +598,139 @@ TEST_F(CcrControllerTest, ResourceServedAgainReenqueuesAtOnce) {
       },
       "reconciled when served again", [&] { return Describe("c1"); }));
   EXPECT_EQ(shard_source_.Taken(Widgets(), LocalFilters()), 2);
+}
+
+// The CCR's copy is the record of the resource its copies belong to (ccr_controller.h).
+
+// A new term finds the CCR's copy naming widgets while the CCR now names gadgets (changed while
+// nobody led): the widgets' copies are purged, and until the cache shows none left, neither the
+// copy nor the status changes and no gadgets are replicated. Then the copy names gadgets.
+TEST_F(CcrControllerTest, CopyNamingAFormerResource_PurgedBeforeTheCopyChanges) {
+  definitions()->SetListObjects("store-1", "1", {WidgetsDefinition(), GadgetsDefinition()});
+  local_gadgets()->SetListObjects("store-1", "5", {Widget("g1")});
+  v1::Object stale = ProjectCopy(Widget("w1"), kShard);
+  stale.mutable_metadata()->set_resource_version("3");
+  copied_widgets()->SetListObjects("store-1", "3", {stale});
+  ccr_lw()->SetListObjects("store-1", "1", {Ccr("c1", kGadgetsSpec)});
+  copied_ccrs()->SetListObjects("store-1", "50", {CopyOf(Ccr("c1", kWidgetsSpec))});
+  ASSERT_NO_FATAL_FAILURE(Start());
+  // Purged again and again while the cache still shows the copy.
+  ASSERT_TRUE(Advancing([&] { return writer_.Deletes("w1") >= 3; }, "the copy is purged"));
+  v1::WriteRequest purge;
+  for (const v1::WriteRequest& w : writer_.Writes()) {
+    if (w.has_delete_() && w.delete_().name() == "w1") purge = w;
+  }
+  EXPECT_EQ(GvrKey(purge.delete_().resource()), GvrKey(Widgets()));
+  EXPECT_EQ(purge.delete_().shard(), kShard);
+  EXPECT_EQ(purge.delete_().cluster(), kCluster);
+  EXPECT_EQ(writer_.Upserts("c1"), 0) << "the copy changed while the former copies remain";
+  EXPECT_EQ(writer_.Upserts("g1"), 0);
+  EXPECT_EQ(StatusWritesOf("c1"), 0);
+
+  ASSERT_TRUE(PushWhenWatching(*copied_widgets(), WatchEventOf(v1::WatchEvent::DELETED, stale)));
+  ASSERT_TRUE(Advancing(
+      [&] { return LastCopyNames("c1") == "gadgets" && Phase(LastStatus("c1")) == "Ready"; },
+      "the copy names gadgets, Ready"));
+  EXPECT_TRUE(Eventually([&] { return writer_.Upserts("g1") >= 1; }, "g1 is copied"));
+  auto [deletes, upserts] = DeletesAndUpserts("c1");
+  auto [purged, unused] = DeletesAndUpserts("w1");
+  ASSERT_FALSE(upserts.empty());
+  EXPECT_GT(upserts.front(), purged.back());
+  EXPECT_TRUE(deletes.empty());
+}
+
+// A new term finds a CCR copy whose CCR is gone from the shard store (its finalizer was removed
+// while nobody led): the resource it names is purged, then the copy is removed.
+TEST_F(CcrControllerTest, CopyOfAGoneCcr_ResourcePurgedThenCopyRemoved) {
+  v1::Object stale = ProjectCopy(Widget("w1"), kShard);
+  stale.mutable_metadata()->set_resource_version("3");
+  copied_widgets()->SetListObjects("store-1", "3", {stale});
+  ccr_lw()->SetListObjects("store-1", "1", {});
+  copied_ccrs()->SetListObjects("store-1", "50", {CopyOf(Ccr("c1", kWidgetsSpec))});
+  ASSERT_NO_FATAL_FAILURE(Start());
+  ASSERT_TRUE(Advancing([&] { return writer_.Deletes("w1") >= 2; }, "the copy is purged"));
+  EXPECT_EQ(writer_.Deletes("c1"), 0) << "the CCR's copy went while the copies remain";
+
+  ASSERT_TRUE(PushWhenWatching(*copied_widgets(), WatchEventOf(v1::WatchEvent::DELETED, stale)));
+  ASSERT_TRUE(Advancing([&] { return writer_.Deletes("c1") >= 1; }, "the CCR's copy is removed"));
+  auto [removed, unused] = DeletesAndUpserts("c1");
+  auto [purged, none] = DeletesAndUpserts("w1");
+  EXPECT_GT(removed.front(), purged.back());
+}
+
+// The resource that the copy names is still replicated by another valid CCR whose own copy names
+// it: its copies stay, and the copy changes at once.
+TEST_F(CcrControllerTest, FormerResourceStillNamedByAnotherCcr_IsNotPurged) {
+  definitions()->SetListObjects("store-1", "1", {WidgetsDefinition(), GadgetsDefinition()});
+  local_widgets()->SetListObjects("store-1", "5", {Widget("w1")});
+  local_gadgets()->SetListObjects("store-1", "5", {});
+  v1::Object copy = ProjectCopy(Widget("w1"), kShard);
+  copy.mutable_metadata()->set_resource_version("3");
+  copied_widgets()->SetListObjects("store-1", "3", {copy});
+  ccr_lw()->SetListObjects(
+      "store-1", "1",
+      {Ccr("c1", kGadgetsSpec, true, 1'600'000'000), Ccr("c2", kWidgetsSpec, true, 1'600'000'100)});
+  copied_ccrs()->SetListObjects("store-1", "50",
+                                {CopyOf(Ccr("c1", kWidgetsSpec)), CopyOf(Ccr("c2", kWidgetsSpec))});
+  ASSERT_NO_FATAL_FAILURE(Start());
+  ASSERT_TRUE(Advancing(
+      [&] { return LastCopyNames("c1") == "gadgets" && Phase(LastStatus("c1")) == "Ready"; },
+      "c1's copy names gadgets, Ready"));
+  ASSERT_TRUE(Advancing([&] { return Phase(LastStatus("c2")) == "Ready"; }, "c2 Ready", "c2"));
+  EXPECT_EQ(writer_.Deletes("w1"), 0);
+}
+
+// The purge fails (the cache refuses the deletes, then cannot be reached): the copy keeps naming
+// the former resource. Once the deletes go through and the cache shows none left, it changes.
+TEST_F(CcrControllerTest, FailedPurgeKeepsTheCopy) {
+  definitions()->SetListObjects("store-1", "1", {WidgetsDefinition(), GadgetsDefinition()});
+  local_gadgets()->SetListObjects("store-1", "5", {});
+  v1::Object stale = ProjectCopy(Widget("w1"), kShard);
+  stale.mutable_metadata()->set_resource_version("3");
+  copied_widgets()->SetListObjects("store-1", "3", {stale});
+  ccr_lw()->SetListObjects("store-1", "1", {Ccr("c1", kGadgetsSpec)});
+  copied_ccrs()->SetListObjects("store-1", "50", {CopyOf(Ccr("c1", kWidgetsSpec))});
+  writer_.Answer([](const v1::WriteRequest& w) {
+    return w.has_delete_() ? absl::PermissionDeniedError("no deletes") : absl::OkStatus();
+  });
+  ASSERT_NO_FATAL_FAILURE(Start());
+  ASSERT_TRUE(Advancing([&] { return writer_.Deletes("w1") >= 3; }, "the purge is retried"));
+  EXPECT_EQ(writer_.Upserts("c1"), 0);
+
+  // Unreachable: the key waits for the cache instead of spinning.
+  writer_.SetUnavailable();
+  ASSERT_TRUE(Advancing([&] { return writer_.WhenAvailableWaiting() >= 1; }, "waits"));
+  int deletes = writer_.Deletes("w1");
+  for (int i = 0; i < 5; ++i) clock_.Advance(absl::Seconds(10));
+  EXPECT_EQ(writer_.Deletes("w1"), deletes);
+  EXPECT_EQ(writer_.Upserts("c1"), 0);
+
+  writer_.AnswerAll(absl::OkStatus());
+  writer_.SetAvailable();
+  ASSERT_TRUE(Eventually([&] { return writer_.Deletes("w1") > deletes; }, "purged again"));
+  EXPECT_EQ(writer_.Upserts("c1"), 0);
+  ASSERT_TRUE(PushWhenWatching(*copied_widgets(), WatchEventOf(v1::WatchEvent::DELETED, stale)));
+  EXPECT_TRUE(Advancing([&] { return LastCopyNames("c1") == "gadgets"; }, "the copy changes"));
+}
+
+// A new CCR: its copy, naming its resource, is acknowledged by the cache before anything of the
+// resource is written, so that a leader that stops at any point leaves the record.
+TEST_F(CcrControllerTest, ReplicationStartsOnceTheCopyNamesTheResource) {
+  local_widgets()->SetListObjects("store-1", "5", {Widget("w1")});
+  ccr_lw()->SetListObjects("store-1", "1", {Ccr("c1", kWidgetsSpec)});
+  writer_.Hold();
+  ASSERT_NO_FATAL_FAILURE(Start());
+  ASSERT_TRUE(Advancing(
+      [&] {
+        return writer_.Upserts("c1") >= 1 &&
+               Condition(LastStatus("c1"), "ReplicationStarted") == "False/WaitingForSync";
+      },
+      "the copy is written, replication waits"));
+  EXPECT_EQ(LastCopyNames("c1"), "widgets");
+  EXPECT_EQ(writer_.Upserts("w1"), 0);
+  EXPECT_EQ(shard_source_.Taken(Widgets(), LocalFilters()), 0);
+  writer_.Release();
+  EXPECT_TRUE(Eventually([&] { return writer_.Upserts("w1") >= 1; }, "w1 is copied"));
 }
 
 }  // namespace
