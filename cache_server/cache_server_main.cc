@@ -79,7 +79,8 @@ ABSL_FLAG(bool, watch_cork_writes, true,
           "its pass over the watchers ends, so that one event to many streams of a connection "
           "leaves in a few TCP segments; --watch-cork-writes=false sends each message at once");
 ABSL_FLAG(absl::Duration, bookmark_interval, absl::Seconds(5),
-          "how often idle watchers receive a BOOKMARK event");
+          "how often an idle watcher that asked for periodic bookmarks "
+          "(WatchRequest.allow_bookmarks) receives a BOOKMARK event");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
           "on SIGTERM, how long in-flight calls may take to finish");
 ABSL_FLAG(absl::Duration, keepalive_time, absl::Seconds(10),

@@ -20,7 +20,9 @@
 //
 // Its watches are WatchStreams (watch_stream.h): they ask the store for batched events and unpack
 // them, so a Reflector sees one event at a time whatever the store sent; watch_stats() counts
-// what they received.
+// what they received. They also ask for periodic bookmarks (WatchRequest.allow_bookmarks), which
+// the store sends only to watches that ask: the Reflector's resourceVersion stays recent and its
+// watch_idle_timeout sees the stream alive while nothing changes (reflector.h).
 //
 // Thread-safety: a ListerWatcher may be called from any thread, and Shutdown() from any thread at
 // any time. A WatchEventStream's Next and Finish are for one thread (its reader); Cancel may be

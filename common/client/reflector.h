@@ -3,7 +3,8 @@
 // event to the sink. It knows nothing of event handlers.
 //
 // resourceVersion bookkeeping: the reflector keeps the last revision it has seen (from the list,
-// every event, and the store's BOOKMARKs, which keep it fresh while nothing changes). When a watch
+// every event, and the store's periodic BOOKMARKs, which keep it fresh while nothing changes; the
+// store sends them only to a watch that asks, as StoreListerWatcher's do). When a watch
 // ends (the server restarted, the connection dropped, the watch deadline passed), it watches
 // again from that revision, WITHOUT listing again. It lists again only when the store answers
 // OUT_OF_RANGE ("too old resource version": the revision left the store's history window). A
@@ -33,8 +34,10 @@
 // Options::watch_idle_timeout (on the Clock) is taken for dead (a half-open connection, a paused
 // server): a watchdog thread cancels it, and the reflector waits its backoff delay and watches
 // again from its last revision (listing again if the store changed), logged at warning and
-// counted (watch_idle_restarts()). The store sends bookmarks every few seconds to idle watchers
-// (cache_server --bookmark-interval), so the timeout should be a few of those intervals.
+// counted (watch_idle_restarts()). The store sends a bookmark every few seconds (cache_server
+// --bookmark-interval) to an idle watch that asked for them (WatchRequest.allow_bookmarks, which
+// StoreListerWatcher sets), so the timeout should be a few of those intervals. Over a
+// ListerWatcher whose watches do not ask, every idle watch would be taken for dead.
 //
 // Threads: Start() runs the loop on a thread of its own (and the watchdog on another, when
 // watch_idle_timeout is set); every ReflectorSink method is called from the loop's thread, one at
