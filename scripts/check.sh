@@ -10,8 +10,9 @@
 #         (ctest -LE "process|faults|soak": not the process, fault and soak suites), with the
 #         cache_server they start built the same way.
 #   tsan  build-tsan/: clang with ThreadSanitizer; builds and runs only the concurrency suites
-#         (ctest label "concurrency": clock, informers, reflector liveness, work queue, leader
-#         elector, watch cache, object store, write stream) and the cache_server they start.
+#         (ctest label "concurrency": clock, callback lists, informers, reflector liveness, work
+#         queue, worker pool, leader elector, watch cache, object store, write stream) and the
+#         cache_server they start.
 #
 #   scripts/check.sh            every stage
 #   scripts/check.sh tsan       only the named stages
@@ -108,7 +109,7 @@ for stage in "${stages[@]}"; do
       targets=(cache_server write_stream_test shared_informer_test dynamic_informer_factory_test
         work_queue_test leader_elector_test watch_cache_test fan_out_test object_store_test clock_test
         reflector_liveness_test group_committer_test write_stream_reactor_test watch_call_test
-        callback_queue_ticker_test)
+        callback_queue_ticker_test callback_list_test worker_pool_test)
       cmake --build "$dir" -j"$(nproc)" --target "${targets[@]}"
       reports="$root/$dir/sanitizer-reports"
       rm -rf "$reports" && mkdir -p "$reports"
