@@ -1,6 +1,8 @@
 #include "common/client/work_queue.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 #include "absl/strings/str_cat.h"
@@ -77,11 +79,14 @@ absl::StatusOr<std::unique_ptr<WorkQueue>> WorkQueue::Create(Options options) {
           absl::StrCat("work queue ", q, ": cannot register its metrics: ", e.what()));
     }
   }
+  if (options.pool != nullptr && options.pool->clock() != options.clock) {
+    return absl::InvalidArgumentError("work queue: its pool runs on another clock");
+  }
   if (options.rate_limiter == nullptr) {
     options.rate_limiter = DefaultControllerRateLimiter(options.clock);
   }
   std::unique_ptr<WorkQueue> queue(new WorkQueue(std::move(options), std::move(metrics)));
-  queue->ticker_ = std::thread([q = queue.get()] { q->RunTicker(); });
+  if (queue->pool_ == nullptr) queue->ticker_ = std::thread([q = queue.get()] { q->RunTicker(); });
   return queue;
 }
 
@@ -90,9 +95,11 @@ WorkQueue::WorkQueue(Options options, std::unique_ptr<Metrics> metrics)
       clock_(options.clock),
       tick_period_(options.tick_period),
       rate_limiter_(std::move(options.rate_limiter)),
-      metrics_(std::move(metrics)) {}
+      metrics_(std::move(metrics)),
+      pool_(options.pool) {}
 
 WorkQueue::~WorkQueue() {
+  if (pool_ != nullptr) ShutDownAndWait();
   {
     absl::MutexLock l(&mu_);
     ShutDownLocked();
@@ -109,8 +116,13 @@ WorkQueue::~WorkQueue() {
 }
 
 void WorkQueue::Add(const std::string& key) {
-  absl::MutexLock l(&mu_);
-  AddLocked(key, clock_->Now());
+  int turns = 0;
+  {
+    absl::MutexLock l(&mu_);
+    AddLocked(key, clock_->Now());
+    turns = TurnsNeededLocked();
+  }
+  CallPool(turns, absl::InfiniteFuture());
 }
 
 void WorkQueue::AddLocked(const std::string& key, absl::Time now) {
@@ -129,13 +141,16 @@ std::optional<std::string> WorkQueue::Get() {
   absl::MutexLock l(&mu_);
   PromoteDueLocked(clock_->Now());
   mu_.Await(absl::Condition(this, &WorkQueue::CanGetLocked));
-  if (queue_.empty()) return std::nullopt;  // shut down and drained
+  return TakeLocked(clock_->Now());  // none: shut down and drained
+}
+
+std::optional<std::string> WorkQueue::TakeLocked(absl::Time now) {
+  if (queue_.empty()) return std::nullopt;
   std::string key = std::move(queue_.front());
   queue_.pop_front();
   dirty_.erase(key);
   processing_.insert(key);
   if (metrics_ != nullptr) {
-    absl::Time now = clock_->Now();
     metrics_->depth.Decrement();
     if (auto it = added_at_.find(key); it != added_at_.end()) {
       metrics_->queue_duration.Observe(absl::ToDoubleSeconds(now - it->second));
@@ -147,7 +162,16 @@ std::optional<std::string> WorkQueue::Get() {
 }
 
 void WorkQueue::Done(const std::string& key) {
-  absl::MutexLock l(&mu_);
+  int turns = 0;
+  {
+    absl::MutexLock l(&mu_);
+    DoneLocked(key);
+    turns = TurnsNeededLocked();
+  }
+  CallPool(turns, absl::InfiniteFuture());
+}
+
+void WorkQueue::DoneLocked(const std::string& key) {
   if (processing_.erase(key) == 0) return;
   if (metrics_ != nullptr) {
     if (auto it = started_at_.find(key); it != started_at_.end()) {
@@ -155,33 +179,56 @@ void WorkQueue::Done(const std::string& key) {
       started_at_.erase(it);
     }
   }
-  if (dirty_.contains(key)) queue_.push_back(key);  // added while it was processing
+  if (!dirty_.contains(key)) return;
+  if (discarding_) {  // ShutDownAndWait: nothing is handed out any more
+    dirty_.erase(key);
+    added_at_.erase(key);
+    if (metrics_ != nullptr) metrics_->depth.Decrement();
+    return;
+  }
+  queue_.push_back(key);  // added while it was processing
 }
 
 size_t WorkQueue::Len() {
-  absl::MutexLock l(&mu_);
-  PromoteDueLocked(clock_->Now());
-  return queue_.size();
+  size_t len = 0;
+  int turns = 0;
+  {
+    absl::MutexLock l(&mu_);
+    PromoteDueLocked(clock_->Now());
+    len = queue_.size();
+    turns = TurnsNeededLocked();
+  }
+  CallPool(turns, absl::InfiniteFuture());
+  return len;
 }
 
 void WorkQueue::AddAfter(const std::string& key, absl::Duration delay) {
-  absl::MutexLock l(&mu_);
-  if (shutting_down_) return;
-  if (metrics_ != nullptr) metrics_->retries.Increment();
-  absl::Time now = clock_->Now();
-  if (delay <= absl::ZeroDuration()) {
-    AddLocked(key, now);
-    return;
+  int turns = 0;
+  absl::Time wake = absl::InfiniteFuture();
+  {
+    absl::MutexLock l(&mu_);
+    if (shutting_down_) return;
+    if (metrics_ != nullptr) metrics_->retries.Increment();
+    absl::Time now = clock_->Now();
+    if (delay <= absl::ZeroDuration()) {
+      AddLocked(key, now);
+      turns = TurnsNeededLocked();
+    } else {
+      absl::Time due = now + delay;
+      auto [it, inserted] = delayed_.try_emplace(key, due);
+      if (!inserted) {
+        if (it->second <= due) return;  // already due as early
+        delayed_by_time_.erase({it->second, key});
+        it->second = due;
+      }
+      delayed_by_time_.emplace(due, key);
+      if (delayed_by_time_.begin()->second == key) {  // a new earliest
+        ticker_wakeup_ = true;
+        wake = due;
+      }
+    }
   }
-  absl::Time due = now + delay;
-  auto [it, inserted] = delayed_.try_emplace(key, due);
-  if (!inserted) {
-    if (it->second <= due) return;  // already due as early
-    delayed_by_time_.erase({it->second, key});
-    it->second = due;
-  }
-  delayed_by_time_.emplace(due, key);
-  if (delayed_by_time_.begin()->second == key) ticker_wakeup_ = true;  // a new earliest
+  CallPool(turns, wake);
 }
 
 void WorkQueue::AddRateLimited(const std::string& key) {
@@ -205,6 +252,110 @@ void WorkQueue::ShutDownWithDrain() {
   draining_ = true;
   mu_.Await(absl::Condition(this, &WorkQueue::DrainedLocked));
   draining_ = false;
+}
+
+void WorkQueue::Process(int max_parallel, std::function<void(const std::string& key)> process) {
+  int turns = 0;
+  {
+    absl::MutexLock l(&mu_);
+    if (pool_ == nullptr || max_parallel_ != 0 || max_parallel < 1) {
+      std::fprintf(stderr, "WorkQueue::Process: %s\n",
+                   pool_ == nullptr     ? "the queue is not on a pool"
+                   : max_parallel_ != 0 ? "called twice"
+                                        : "max_parallel < 1");
+      std::abort();
+    }
+    process_ = std::move(process);
+    max_parallel_ = max_parallel;
+    PromoteDueLocked(clock_->Now());
+    turns = TurnsNeededLocked();
+  }
+  CallPool(turns, absl::InfiniteFuture());
+}
+
+void WorkQueue::ShutDownAndWait() {
+  {
+    absl::MutexLock l(&mu_);
+    ShutDownLocked();
+    discarding_ = true;
+    for (const std::string& key : queue_) {
+      dirty_.erase(key);
+      added_at_.erase(key);
+    }
+    if (metrics_ != nullptr) metrics_->depth.Decrement(static_cast<double>(queue_.size()));
+    queue_.clear();
+  }
+  if (pool_ != nullptr) {
+    absl::MutexLock l(&detach_mu_);
+    if (!detached_) pool_->Detach(this);
+    detached_ = true;  // the pool may be destroyed from now on
+    return;
+  }
+  absl::MutexLock l(&mu_);
+  mu_.Await(absl::Condition(
+      +[](absl::flat_hash_set<std::string>* processing) { return processing->empty(); },
+      &processing_));
+}
+
+int WorkQueue::TurnsNeededLocked() {
+  if (pool_ == nullptr || max_parallel_ == 0 || discarding_) return 0;
+  // Each queued turn takes one waiting key; no more turns than keys or than max_parallel.
+  int uncovered = static_cast<int>(queue_.size()) - queued_turns_;
+  int room = max_parallel_ - queued_turns_ - running_turns_;
+  int turns = std::max(0, std::min(uncovered, room));
+  queued_turns_ += turns;
+  return turns;
+}
+
+void WorkQueue::CallPool(int turns, absl::Time wake) {
+  if (pool_ == nullptr) return;
+  for (int i = 0; i < turns; ++i) pool_->Schedule(this);
+  if (wake != absl::InfiniteFuture()) pool_->WakeAt(this, wake);
+}
+
+void WorkQueue::RunOne() {
+  std::optional<std::string> key;
+  std::function<void(const std::string&)>* process = nullptr;
+  absl::Time wake = absl::InfiniteFuture();
+  {
+    absl::MutexLock l(&mu_);
+    --queued_turns_;
+    ++running_turns_;
+    absl::Time now = clock_->Now();
+    PromoteDueLocked(now);
+    key = TakeLocked(now);
+    process = &process_;
+    if (key.has_value() && metrics_ != nullptr && next_refresh_ == absl::InfiniteFuture()) {
+      next_refresh_ = now + tick_period_;
+      wake = next_refresh_;
+    }
+  }
+  if (key.has_value()) (*process)(*key);
+  int turns = 0;
+  {
+    absl::MutexLock l(&mu_);
+    if (key.has_value()) DoneLocked(*key);
+    --running_turns_;
+    turns = TurnsNeededLocked();
+  }
+  CallPool(turns, wake);
+}
+
+void WorkQueue::Tick(absl::Time now) {
+  int turns = 0;
+  absl::Time wake = absl::InfiniteFuture();
+  {
+    absl::MutexLock l(&mu_);
+    PromoteDueLocked(now);
+    if (now >= next_refresh_) {
+      RefreshGaugesLocked(now);
+      next_refresh_ = processing_.empty() ? absl::InfiniteFuture() : now + tick_period_;
+    }
+    wake = next_refresh_;
+    if (!delayed_by_time_.empty()) wake = std::min(wake, delayed_by_time_.begin()->first);
+    turns = TurnsNeededLocked();
+  }
+  CallPool(turns, wake);
 }
 
 void WorkQueue::ShutDownLocked() {

@@ -29,11 +29,17 @@
 //   returns the keys already waiting, then std::nullopt to every caller (blocked ones too).
 //   ShutDownWithDrain() also waits until every key handed out has been Done.
 //
+// Workers: either threads of the owner's that call Get() and Done() (as above), or, when the queue
+// is on a WorkerPool (Options::pool), the pool's threads: Process(max_parallel, fn) runs fn(key)
+// for each key handed out and then Done(key), at most max_parallel keys of this queue at once,
+// and the queue has no thread of its own (worker_pool.h).
+//
 // Time: AddAfter's delays and the metrics use Options::clock, and so do all the queue's waits. A
 // delayed key whose time has come is waiting for every method that looks (Len, Get); a background
-// "ticker" thread waits on the clock for the earliest delayed key (and at least every
-// tick_period, for the gauges below) so that a blocked Get() wakes when it is due. On a
-// FakeClock, FakeClock::Advance is all a test needs: nothing depends on real time.
+// "ticker" thread (the pool's timer thread for a queue on a pool) waits on the clock for the
+// earliest delayed key (and at least every tick_period while keys are processing, for the gauges
+// below) so that a blocked Get() or the pool wakes when it is due. On a FakeClock,
+// FakeClock::Advance is all a test needs: nothing depends on real time.
 //
 // Metrics (when Options::registry is set), labelled name=<Options::name>, as client-go's:
 //   shardcache_workqueue_depth                               keys waiting to be handed out
@@ -47,13 +53,14 @@
 // registry share the series, so a queue created again under the same name (a new leadership term)
 // continues them.
 //
-// Thread-safe: every method may be called from any thread, concurrently. Get() and
-// ShutDownWithDrain() block; the others do not. A worker must not call ShutDownWithDrain() while
-// it holds a key (it would wait for itself).
+// Thread-safe: every method may be called from any thread, concurrently. Get(),
+// ShutDownWithDrain() and ShutDownAndWait() block; the others do not. A worker must not call
+// ShutDownWithDrain() or ShutDownAndWait() while it holds a key (it would wait for itself).
 #ifndef SHARDCACHE_COMMON_CLIENT_WORK_QUEUE_H_
 #define SHARDCACHE_COMMON_CLIENT_WORK_QUEUE_H_
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
@@ -67,6 +74,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/client/rate_limiter.h"
+#include "common/client/worker_pool.h"
 #include "common/clock.h"
 #include "prometheus/registry.h"
 
@@ -86,13 +94,17 @@ class WorkQueue {
     std::shared_ptr<prometheus::Registry> registry;
     // How often (on `clock`) the ticker refreshes the unfinished-work gauges (> 0).
     absl::Duration tick_period = absl::Milliseconds(500);
+    // Null: the queue runs a ticker thread of its own, and its owner's threads call Get(). Set:
+    // the pool's threads do both (Process). Not owned; must outlive the queue, and its clock must
+    // be `clock`.
+    WorkerPool* pool = nullptr;
   };
 
-  // INVALID_ARGUMENT for a null clock, a registry without a name, a tick_period <= 0, or metrics
-  // that the registry refuses (a name taken by another metric type).
+  // INVALID_ARGUMENT for a null clock, a registry without a name, a tick_period <= 0, metrics
+  // that the registry refuses (a name taken by another metric type), or a pool on another clock.
   static absl::StatusOr<std::unique_ptr<WorkQueue>> Create(Options options);
 
-  // Shuts the queue down and stops the ticker.
+  // Shuts the queue down and stops the ticker (on a pool: ShutDownAndWait).
   // REQUIRES: no other thread is inside, or will call, a method of this queue (shut it down and
   // join the workers first).
   ~WorkQueue();
@@ -132,10 +144,38 @@ class WorkQueue {
   void ShutDownWithDrain() ABSL_LOCKS_EXCLUDED(mu_);
   bool ShuttingDown() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Only for a queue on a pool, once: from now on the pool's threads hand out the queue's keys,
+  // calling process(key) and then Done(key) for each, at most `max_parallel` (>= 1) at once. Keys
+  // added before the call wait for it. After ShutDown the keys already waiting are still
+  // processed, as Get() would hand them out.
+  void Process(int max_parallel, std::function<void(const std::string& key)> process)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Shuts the queue down, drops the keys still waiting, and returns once no key is processing
+  // (on a pool: once the pool will never call this queue again; the queue, which never calls
+  // the pool again either, may then outlive the pool). Unlike ShutDownWithDrain, the keys that
+  // were waiting are not handed out: nothing is processed after it returns.
+  void ShutDownAndWait() ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   struct Metrics;
 
+  friend class WorkerPool;
+
   WorkQueue(Options options, std::unique_ptr<Metrics> metrics);
+
+  // Hands out the first waiting key (it is now processing), if any.
+  std::optional<std::string> TakeLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DoneLocked(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // On a pool: how many more turns the pool must give this queue for its waiting keys (counted
+  // as queued turns by the call).
+  int TurnsNeededLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Asks the pool for `turns` turns and, when `wake` is finite, a Tick at `wake`.
+  void CallPool(int turns, absl::Time wake) ABSL_LOCKS_EXCLUDED(mu_);
+  // WorkerPool: one turn of a worker (one key processed, if one is waiting).
+  void RunOne() ABSL_LOCKS_EXCLUDED(mu_);
+  // WorkerPool's timer: delayed keys due at `now` become waiting, the gauges are refreshed, and
+  // the next wake-up is asked for.
+  void Tick(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
 
   void AddLocked(const std::string& key, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ShutDownLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -170,6 +210,8 @@ class WorkQueue {
   absl::flat_hash_set<std::string> processing_ ABSL_GUARDED_BY(mu_);  // keys handed out
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;  // a ShutDownWithDrain() is waiting
+  bool discarding_ ABSL_GUARDED_BY(mu_) =
+      false;  // ShutDownAndWait: keys are dropped, not handed out
 
   // Delayed keys: when each is due, and the same ordered by time.
   absl::flat_hash_map<std::string, absl::Time> delayed_ ABSL_GUARDED_BY(mu_);
@@ -181,7 +223,19 @@ class WorkQueue {
 
   bool ticker_wakeup_ ABSL_GUARDED_BY(mu_) = false;  // the earliest delayed key changed
   bool ticker_stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread ticker_;
+  std::thread ticker_;  // none on a pool
+
+  // On a pool (constant after construction; process_ and max_parallel_ set once by Process).
+  WorkerPool* const pool_;
+  std::function<void(const std::string&)> process_ ABSL_GUARDED_BY(mu_);
+  int max_parallel_ ABSL_GUARDED_BY(mu_) = 0;   // 0: Process not called yet
+  int queued_turns_ ABSL_GUARDED_BY(mu_) = 0;   // asked of the pool, not started
+  int running_turns_ ABSL_GUARDED_BY(mu_) = 0;  // in RunOne
+  absl::Time next_refresh_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();  // of the gauges
+  // ShutDownAndWait detached the queue from the pool: the queue never calls the pool again, so
+  // it may outlive it (e.g. kept alive by callbacks that only Add to the shut-down queue).
+  absl::Mutex detach_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  bool detached_ ABSL_GUARDED_BY(detach_mu_) = false;
 };
 
 }  // namespace shardcache
