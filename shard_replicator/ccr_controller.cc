@@ -50,10 +50,19 @@ absl::StatusOr<std::unique_ptr<CcrController>> CcrController::Start(Options opti
     return absl::InvalidArgumentError("CcrController: missing dependencies");
   }
   std::unique_ptr<CcrController> c(new CcrController(std::move(options)));
+  c->pool_ = c->options_.pool;
+  if (c->pool_ == nullptr) {
+    WorkerPool::Options p;
+    p.threads = c->options_.workers;
+    p.clock = c->options_.clock;
+    ASSIGN_OR_RETURN(c->own_pool_, WorkerPool::Create(p));
+    c->pool_ = c->own_pool_.get();
+  }
   WorkQueue::Options q;
   q.name = kController;
   q.clock = c->options_.clock;
   q.registry = c->options_.registry;
+  q.pool = c->pool_;
   ASSIGN_OR_RETURN(c->queue_, WorkQueue::Create(std::move(q)));
 
   CcrController* raw = c.get();
@@ -98,7 +107,7 @@ absl::StatusOr<std::unique_ptr<CcrController>> CcrController::Start(Options opti
         bool served = event.type == ResourceEvent::Type::kServed;
         raw->EnqueueNaming(event.resource, /*reset=*/served);
       });
-  for (int i = 0; i < c->options_.workers; ++i) c->workers_.emplace_back([raw] { raw->Worker(); });
+  c->queue_->Process(c->options_.workers, [raw](const std::string& key) { raw->Process(key); });
   return c;
 }
 
@@ -121,15 +130,14 @@ void CcrController::Stop() {
   cache_ccrs_registration_.reset();
   resources_subscription_.Cancel();
   cache_store_subscription_.Cancel();
-  if (queue_ != nullptr) queue_->ShutDown();
-  for (std::thread& t : workers_) t.join();
-  workers_.clear();
+  if (queue_ != nullptr) queue_->ShutDownAndWait();
   std::map<std::string, std::unique_ptr<ReplicationController>> controllers;
   {
     absl::MutexLock l(&mu_);
     controllers.swap(controllers_);
   }
-  controllers.clear();  // each stops: handlers removed, queue shut down, workers joined
+  controllers.clear();  // each stops: handlers removed, queue shut down, reconciles done
+  own_pool_.reset();    // after every queue on it is detached
 }
 
 void CcrController::Enqueue(const v1::ObjectMeta& ccr) {
@@ -152,25 +160,22 @@ void CcrController::EnqueueNaming(const v1::GroupVersionResource& resource, bool
   }
 }
 
-void CcrController::Worker() {
-  while (std::optional<std::string> key = queue_->Get()) {
-    absl::Time start = options_.clock->Now();
-    switch (Reconcile(*key)) {
-      case Next::kDone:
-        queue_->Forget(*key);
-        break;
-      case Next::kRetry:
-        queue_->AddRateLimited(*key);
-        break;
-      case Next::kSoon:
-        queue_->AddAfter(*key, absl::Milliseconds(100));
-        break;
-    }
-    queue_->Done(*key);
-    if (options_.metrics != nullptr) {
-      options_.metrics->ObserveReconcile(kController,
-                                         absl::ToDoubleSeconds(options_.clock->Now() - start));
-    }
+void CcrController::Process(const std::string& key) {
+  absl::Time start = options_.clock->Now();
+  switch (Reconcile(key)) {
+    case Next::kDone:
+      queue_->Forget(key);
+      break;
+    case Next::kRetry:
+      queue_->AddRateLimited(key);
+      break;
+    case Next::kSoon:
+      queue_->AddAfter(key, absl::Milliseconds(100));
+      break;
+  }
+  if (options_.metrics != nullptr) {
+    options_.metrics->ObserveReconcile(kController,
+                                       absl::ToDoubleSeconds(options_.clock->Now() - start));
   }
 }
 
@@ -658,6 +663,7 @@ absl::StatusOr<ReplicationController*> CcrController::EnsureController(const std
   o.ccr_name = ccr.metadata().name();
   o.spec = spec;
   o.workers = options_.workers;
+  o.pool = pool_;
   o.resync_period = options_.resync_period;
   o.clock = options_.clock;
   o.writer = options_.writer;

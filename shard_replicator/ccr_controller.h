@@ -41,8 +41,9 @@
 // When a resource becomes served again (its definition came back) the CCRs that name it are
 // enqueued at once with their backoff reset. A replication controller that stops enqueues its CCR.
 //
-// Threads: Start and Stop from the owner's thread; everything else runs on the controller's
-// workers and on informer threads. Stop the term's CacheWriter before destroying the controller:
+// Threads: Start and Stop from the owner's thread; everything else runs on the WorkerPool
+// (Options::pool: the replicator's, shared by this controller and every replication controller
+// it starts) and on informer threads. Stop the term's CacheWriter before destroying the controller:
 // write answers and WhenAvailable callbacks refer to it.
 #ifndef SHARDCACHE_SHARD_REPLICATOR_CCR_CONTROLLER_H_
 #define SHARDCACHE_SHARD_REPLICATOR_CCR_CONTROLLER_H_
@@ -53,7 +54,6 @@
 #include <optional>
 #include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -62,6 +62,7 @@
 #include "common/client/shared_informer.h"
 #include "common/client/store_client.h"
 #include "common/client/work_queue.h"
+#include "common/client/worker_pool.h"
 #include "common/clock.h"
 #include "shard_replicator/cache_writer.h"
 #include "shard_replicator/cluster_cached_resource.h"
@@ -77,7 +78,12 @@ class CcrController {
     std::string shard;
     // The term's epoch: fences the writes to the shard store too.
     int64_t epoch = 0;
+    // How many keys of each queue (this controller's, each replication controller's) are
+    // reconciled at once (>= 1).
     int workers = 4;
+    // The threads that reconcile them; its clock must be `clock`. Null: a pool of `workers`
+    // threads of the controller's own.
+    WorkerPool* pool = nullptr;
     absl::Duration resync_period = absl::ZeroDuration();
     const Clock* clock = RealClock::Get();
     // Not owned; all must outlive the controller.
@@ -101,7 +107,8 @@ class CcrController {
   CcrController& operator=(const CcrController&) = delete;
 
   // Stops writing to the shard store (waiting for a write in flight), removes the handlers, shuts
-  // the queue down, joins the workers and stops every replication controller. Idempotent.
+  // the queue down, waits for the reconciles in progress and stops every replication controller.
+  // Idempotent.
   void Stop();
 
  private:
@@ -114,7 +121,8 @@ class CcrController {
   void EnqueueCluster(const std::string& cluster);
   // Enqueues the CCRs whose spec names `resource`; `reset` forgets their backoff.
   void EnqueueNaming(const v1::GroupVersionResource& resource, bool reset);
-  void Worker();
+  // One key handed out by the queue (on a pool thread): reconciled, and requeued as it says.
+  void Process(const std::string& key);
   // One reconcile of a CCR (see the file comment), in steps:
   Next Reconcile(const std::string& key);
   // The CCR is gone: its controller stops, the resource its copy names is purged (see
@@ -206,7 +214,8 @@ class CcrController {
   std::unique_ptr<SharedInformer::Registration> cache_ccrs_registration_;
   Subscription resources_subscription_;
   Subscription cache_store_subscription_;
-  std::vector<std::thread> workers_;
+  std::unique_ptr<WorkerPool> own_pool_;  // when Options::pool is null
+  WorkerPool* pool_ = nullptr;            // Options::pool or own_pool_
 
   // Held shared by each write to the shard store; Stop closes it, so that no write is sent once
   // Stop has begun.

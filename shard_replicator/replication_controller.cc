@@ -101,6 +101,14 @@ absl::StatusOr<std::unique_ptr<ReplicationController>> ReplicationController::St
   q.name = "replication";
   q.clock = c->options_.clock;
   q.registry = c->options_.registry;
+  q.pool = c->options_.pool;
+  if (q.pool == nullptr) {
+    WorkerPool::Options p;
+    p.threads = c->options_.workers;
+    p.clock = c->options_.clock;
+    ASSIGN_OR_RETURN(c->own_pool_, WorkerPool::Create(p));
+    q.pool = c->own_pool_.get();
+  }
   ASSIGN_OR_RETURN(c->shared_->queue, WorkQueue::Create(std::move(q)));
 
   c->local_stopped_ =
@@ -116,8 +124,9 @@ absl::StatusOr<std::unique_ptr<ReplicationController>> ReplicationController::St
   ASSIGN_OR_RETURN(c->cache_registration_,
                    c->cache_->AddEventHandler(c->Handler(false), handler_options));
   if (c->Stopped()) return absl::FailedPreconditionError(c->StopReason().ToString());
-  for (int i = 0; i < c->options_.workers; ++i)
-    c->workers_.emplace_back([raw = c.get()] { raw->Worker(); });
+  c->shared_->queue->Process(c->options_.workers,
+                             [raw = c.get()](const std::string& key) { raw->Process(key); });
+  c->processing_ = true;
   if (c->options_.metrics != nullptr) c->options_.metrics->replication_controllers.Increment();
   spdlog::info(
       "replication of {} in cluster {} (clustercachedresource {}) started, selector \"{}\"",
@@ -157,12 +166,13 @@ void ReplicationController::Stop() {
   local_stopped_.Cancel();
   cache_stopped_.Cancel();
   cache_store_changed_.Cancel();
-  if (shared_->queue != nullptr) shared_->queue->ShutDown();
-  for (std::thread& t : workers_) t.join();
-  if (!workers_.empty() && options_.metrics != nullptr) {
+  // The queue outlives the pool if write answers still hold it: detached, it never calls it.
+  if (shared_->queue != nullptr) shared_->queue->ShutDownAndWait();
+  own_pool_.reset();
+  if (processing_ && options_.metrics != nullptr) {
     options_.metrics->replication_controllers.Decrement();
   }
-  workers_.clear();
+  processing_ = false;
   spdlog::info("replication of {} in cluster {} (clustercachedresource {}) stopped",
                GvrKey(options_.spec.resource), options_.cluster, options_.ccr_name);
 }
@@ -275,16 +285,12 @@ std::shared_ptr<ResourceEventHandler> ReplicationController::Handler(bool local_
   return MakeHandler(std::move(funcs));
 }
 
-void ReplicationController::Worker() {
-  WorkQueue& queue = *shared_->queue;
-  while (std::optional<std::string> key = queue.Get()) {
-    absl::Time start = options_.clock->Now();
-    if (Reconcile(*key)) queue.Forget(*key);
-    queue.Done(*key);
-    if (options_.metrics != nullptr) {
-      options_.metrics->ObserveReconcile("replication",
-                                         absl::ToDoubleSeconds(options_.clock->Now() - start));
-    }
+void ReplicationController::Process(const std::string& key) {
+  absl::Time start = options_.clock->Now();
+  if (Reconcile(key)) shared_->queue->Forget(key);
+  if (options_.metrics != nullptr) {
+    options_.metrics->ObserveReconcile("replication",
+                                       absl::ToDoubleSeconds(options_.clock->Now() - start));
   }
 }
 

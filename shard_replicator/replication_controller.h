@@ -17,7 +17,9 @@
 // It stops by itself when one of its informers stops (e.g. the resource's definition was
 // deleted): the queue is shut down at once (no write is sent after that), and `on_stopped` tells
 // the owner, who destroys it and creates a new one when that becomes possible. Stop() (or the
-// destructor) removes the handlers, shuts the queue down and joins the workers.
+// destructor) removes the handlers, shuts the queue down and waits for the reconciles in
+// progress. The reconciles run on a WorkerPool, normally the replicator's, which all the
+// controllers share: a controller has no thread of its own.
 //
 // Writes go through the term's CacheWriter, without waiting for their answers (pipelined); a key
 // with a write in flight is reconciled again after its answer if it changed meanwhile. A write
@@ -47,7 +49,6 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -55,6 +56,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/client/shared_informer.h"
 #include "common/client/work_queue.h"
+#include "common/client/worker_pool.h"
 #include "common/clock.h"
 #include "shard_replicator/cache_writer.h"
 #include "shard_replicator/cluster_cached_resource.h"
@@ -71,7 +73,11 @@ class ReplicationController {
     std::string cluster;
     std::string ccr_name;
     CcrSpec spec;
+    // How many of its keys are reconciled at once (>= 1).
     int workers = 4;
+    // The threads that reconcile them: the replicator's pool, shared by every controller (its
+    // clock must be `clock`). Null: a pool of `workers` threads of the controller's own.
+    WorkerPool* pool = nullptr;
     // Every object is reconciled again this often (0: never).
     absl::Duration resync_period = absl::ZeroDuration();
     const Clock* clock = RealClock::Get();
@@ -96,7 +102,8 @@ class ReplicationController {
   ReplicationController(const ReplicationController&) = delete;
   ReplicationController& operator=(const ReplicationController&) = delete;
 
-  // Removes the handlers, shuts the queue down and joins the workers. Idempotent.
+  // Removes the handlers, shuts the queue down and waits for the reconciles in progress; none
+  // starts after it returns. Idempotent.
   void Stop();
 
   // True once both handlers have received their informer's initial list.
@@ -124,7 +131,8 @@ class ReplicationController {
   // restarted without its data): nothing learnt from the previous one holds, so every key is
   // pending and reconciled again, and answers to writes sent before are not trusted.
   void CacheStoreChanged(const std::string& store_id);
-  void Worker();
+  // One key handed out by the queue (on a pool thread).
+  void Process(const std::string& key);
   // Reconciles one object ("namespace\0name"); false to retry it with backoff.
   bool Reconcile(const std::string& key);
   // The key's copy equals the projection: it is no longer pending.
@@ -143,7 +151,8 @@ class ReplicationController {
   Subscription local_stopped_;
   Subscription cache_stopped_;
   Subscription cache_store_changed_;
-  std::vector<std::thread> workers_;
+  std::unique_ptr<WorkerPool> own_pool_;  // when Options::pool is null
+  bool processing_ = false;               // the queue's keys are being handed out
 
   mutable absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;

@@ -44,6 +44,10 @@ absl::StatusOr<std::unique_ptr<ShardReplicator>> ShardReplicator::Start(Options 
     return absl::InvalidArgumentError(
         absl::StrCat("--workers: Invalid value: ", options.workers, ": must be at least 1"));
   }
+  if (options.worker_threads < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--worker-threads: Invalid value: ", options.worker_threads, ": must be at least 1"));
+  }
   if (options.resync_period < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--resync-period: Invalid value: must not be negative");
   }
@@ -83,6 +87,10 @@ absl::Status ShardReplicator::Init() {
   ASSIGN_OR_RETURN(shard_client_, StoreClient::Create(shard_channel_, client));
   ASSIGN_OR_RETURN(cache_client_, StoreClient::Create(cache_channel_, client));
   shard_writer_ = std::make_unique<StoreClientShardStoreWriter>(shard_client_.get());
+  WorkerPool::Options pool;
+  pool.threads = options_.worker_threads;
+  pool.clock = options_.clock;
+  ASSIGN_OR_RETURN(pool_, WorkerPool::Create(pool));
 
   // After an outage of a store, its informers relist or resume within a few seconds of its
   // return, however long the outage (the reflector's default backoff grows to 30 s, doubled by
@@ -246,6 +254,7 @@ void ShardReplicator::RunTerm(Term* term) {
   c.shard = options_.shard;
   c.epoch = term->epoch;
   c.workers = options_.workers;
+  c.pool = pool_.get();
   c.resync_period = options_.resync_period;
   c.clock = options_.clock;
   c.shard_writer = shard_writer_.get();

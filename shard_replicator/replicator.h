@@ -29,6 +29,7 @@
 #include "common/client/leader_elector.h"
 #include "common/client/shared_informer.h"
 #include "common/client/store_client.h"
+#include "common/client/worker_pool.h"
 #include "common/clock.h"
 #include "shard_replicator/cache_writer.h"
 #include "shard_replicator/ccr_controller.h"
@@ -50,7 +51,11 @@ class ShardReplicator {
     absl::Duration lease_duration = absl::Seconds(15);
     absl::Duration renew_deadline = absl::Seconds(10);
     absl::Duration retry_period = absl::Seconds(2);
+    // How many keys of each controller's queue are reconciled at once (--workers).
     int workers = 4;
+    // The threads that run every controller's reconciles, however many CCRs there are
+    // (--worker-threads).
+    int worker_threads = 8;
     absl::Duration resync_period = absl::Minutes(5);
     // gRPC keepalive of the channels to the shard store and the cache.
     KeepaliveOptions keepalive;
@@ -108,6 +113,7 @@ class ShardReplicator {
   std::unique_ptr<DynamicInformerFactory> cache_informers_;
   std::shared_ptr<SharedInformer> ccrs_;
   std::shared_ptr<SharedInformer> cache_ccrs_;
+  std::unique_ptr<WorkerPool> pool_;  // the terms' controllers run on it
   std::unique_ptr<SharedInformer::Registration> warm_registration_;
   Subscription warm_subscription_;
   std::unique_ptr<LeaderElector> elector_;  // last: stopped first

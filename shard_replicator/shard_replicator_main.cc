@@ -37,7 +37,11 @@ ABSL_FLAG(absl::Duration, renew_deadline, absl::Seconds(10),
           "how long the leader keeps leading without a successful renewal (< --lease-duration)");
 ABSL_FLAG(absl::Duration, retry_period, absl::Seconds(2),
           "the interval between attempts to acquire or renew the lease");
-ABSL_FLAG(int32_t, workers, 4, "worker threads per controller");
+ABSL_FLAG(int32_t, workers, 4,
+          "how many keys of each controller (the CCRs', each CCR's replication) are reconciled "
+          "at once, at most");
+ABSL_FLAG(int32_t, worker_threads, 8,
+          "the threads that reconcile for every controller, however many CCRs there are");
 ABSL_FLAG(absl::Duration, resync_period, absl::Minutes(5),
           "how often every replicated object is reconciled again even without a change (0: never)");
 ABSL_FLAG(std::string, http_listen, "127.0.0.1:8080",
@@ -132,6 +136,7 @@ int Run() {
   options.renew_deadline = absl::GetFlag(FLAGS_renew_deadline);
   options.retry_period = absl::GetFlag(FLAGS_retry_period);
   options.workers = absl::GetFlag(FLAGS_workers);
+  options.worker_threads = absl::GetFlag(FLAGS_worker_threads);
   options.resync_period = absl::GetFlag(FLAGS_resync_period);
   options.keepalive.time = absl::GetFlag(FLAGS_keepalive_time);
   options.keepalive.timeout = absl::GetFlag(FLAGS_keepalive_timeout);
@@ -197,9 +202,11 @@ int Run() {
     if (!written.ok()) return Refuse(written);
   }
   spdlog::info(
-      "serving http={} (port {}) workers={} resync_period={} shard_store_tls={} cache_tls={}",
-      http_listen, *http_port, options.workers, absl::FormatDuration(options.resync_period),
-      shard_tls.client_enabled(), cache_tls.client_enabled());
+      "serving http={} (port {}) workers={} worker_threads={} resync_period={} shard_store_tls={} "
+      "cache_tls={}",
+      http_listen, *http_port, options.workers, options.worker_threads,
+      absl::FormatDuration(options.resync_period), shard_tls.client_enabled(),
+      cache_tls.client_enabled());
 
   int sig = WaitForTerminationSignal();
   spdlog::info("received signal {}: stopping", sig);
