@@ -1,5 +1,6 @@
 #include "bench/bench_util.h"
 
+#include <google/protobuf/util/json_util.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/sysmacros.h>
@@ -21,6 +22,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "common/testing/objects.h"
 
 namespace shardcache::bench {
 
@@ -159,6 +162,18 @@ BusiestThread FindBusiestThread(pid_t pid, const std::map<pid_t, double>& before
   }
   if (same > 1) absl::StrAppend(&b.name, "#", rank);
   return b;
+}
+
+std::map<std::string, int64_t> ReadThreadNames(pid_t pid) {
+  std::map<std::string, int64_t> names;
+  if (pid < 0) return names;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(ProcDir(pid) + "/task", ec)) {
+    std::ifstream comm(entry.path().string() + "/comm");
+    std::string name;
+    if (std::getline(comm, name)) ++names[name];
+  }
+  return names;
 }
 
 double CoresUsed(const ProcStats& before, const ProcStats& after, double seconds) {
@@ -371,6 +386,144 @@ std::string LoadAverage() {
   std::string one;
   in >> one;
   return one.empty() ? "n/a" : one;
+}
+
+std::unique_ptr<grpc::ClientContext> DeadlineContext(absl::Duration timeout) {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  return ctx;
+}
+
+std::string CreateFromJson(v1::Store::Stub* stub, const v1::GroupVersionResource& gvr,
+                           const std::string& json, absl::Duration timeout) {
+  v1::CreateRequest req;
+  *req.mutable_resource() = gvr;
+  if (!google::protobuf::util::JsonStringToMessage(json, req.mutable_object()).ok()) {
+    return absl::StrCat("bad JSON: ", json);
+  }
+  v1::Object out;
+  grpc::Status s = stub->Create(DeadlineContext(timeout).get(), req, &out);
+  return s.ok() ? "" : absl::StrCat("create ", gvr.resource(), ": ", s.error_message());
+}
+
+std::string DefineResource(v1::Store::Stub* stub, const v1::GroupVersionResource& gvr,
+                           absl::Duration timeout) {
+  return CreateFromJson(
+      stub, testing::Gvr("core.shardcache.io", "v1", "resourcedefinitions"),
+      absl::StrCat(R"({"metadata":{"name":")", gvr.resource(), ".", gvr.group(),
+                   R"("},"spec":{"group":")", gvr.group(), R"(","names":{"plural":")",
+                   gvr.resource(), R"("},"scope":"Namespaced","versions":[{"name":")",
+                   gvr.version(), R"(","served":true}]}})"),
+      timeout);
+}
+
+v1::GroupVersionResource CcrResource() {
+  return testing::Gvr("cache.shardcache.io", "v1alpha1", "clustercachedresources");
+}
+
+std::string CcrJson(const std::string& cluster, const std::string& name,
+                    const v1::GroupVersionResource& gvr) {
+  return absl::StrCat(R"({"metadata":{"cluster":")", cluster, R"(","name":")", name,
+                      R"("},"spec":{"group":")", gvr.group(), R"(","version":")", gvr.version(),
+                      R"(","resource":")", gvr.resource(), R"("}})");
+}
+
+std::string CcrPhase(const v1::Object& ccr) {
+  auto it = ccr.status().fields().find("phase");
+  return it == ccr.status().fields().end() ? "" : it->second.string_value();
+}
+
+bool PollUntil(const std::function<bool()>& cond, absl::Duration timeout, absl::Duration interval) {
+  absl::Time deadline = absl::Now() + timeout;
+  while (!cond()) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(interval);
+  }
+  return true;
+}
+
+double ScrapeMetric(const std::string& page, const std::string& name, const std::string& label) {
+  if (!absl::StartsWith(page, "200\n")) return -1;
+  double total = 0;
+  for (absl::string_view line : absl::StrSplit(page, '\n')) {
+    if (!absl::ConsumePrefix(&line, name) || line.empty() || (line[0] != ' ' && line[0] != '{')) {
+      continue;
+    }
+    size_t space = line.rfind(' ');
+    double value = 0;
+    if (space != absl::string_view::npos && absl::StrContains(line.substr(0, space), label) &&
+        absl::SimpleAtod(line.substr(space + 1), &value)) {
+      total += value;
+    }
+  }
+  return total;
+}
+
+double ReplicatorLeading(int http_port) {
+  std::string page = testing::HttpGet(http_port, "/metrics");
+  return absl::StrContains(page, "\nshardcache_leader_election_leading")
+             ? ScrapeMetric(page, "shardcache_leader_election_leading")
+             : -1;
+}
+
+std::string StartReplicatorProcesses(const ReplicatorProcessOptions& options,
+                                     ReplicatorProcesses* out) {
+  auto store_args = [&options](const char* role) {
+    std::vector<std::string> args = {absl::StrCat("--role=", role)};
+    args.insert(args.end(), options.server_args.begin(), options.server_args.end());
+    return args;
+  };
+  out->cache = std::make_unique<testing::ServerProcess>(options.cache_server, store_args("cache"));
+  out->shard = std::make_unique<testing::ServerProcess>(options.cache_server, store_args("shard"));
+  for (auto* p : {out->cache.get(), out->shard.get()}) {
+    if (absl::Status s = p->Start(options.start_timeout); !s.ok()) {
+      return absl::StrCat("cannot start cache_server: ", s.message());
+    }
+  }
+  out->cache_stub = v1::Store::NewStub(MakeChannel(out->cache->grpc_address(), 0));
+  out->shard_stub = v1::Store::NewStub(MakeChannel(out->shard->grpc_address(), 0));
+
+  std::vector<std::string> args = {absl::StrCat("--shard=", kBenchShard),
+                                   absl::StrCat("--shard-store=", out->shard->grpc_address()),
+                                   absl::StrCat("--cache=", out->cache->grpc_address()),
+                                   "--identity=bench-0",
+                                   "--lease-duration=3s",
+                                   "--renew-deadline=2s",
+                                   "--retry-period=500ms"};
+  args.insert(args.end(), options.replicator_args.begin(), options.replicator_args.end());
+  out->replicator = std::make_unique<testing::ServerProcess>(options.replicator, args);
+  int64_t start_ns = NowNanos();
+  auto since_start = [start_ns] { return static_cast<double>(NowNanos() - start_ns) / 1e9; };
+  if (absl::Status s = out->replicator->Start(options.start_timeout); !s.ok()) {
+    return absl::StrCat("cannot start shard_replicator: ", s.message());
+  }
+  int port = out->replicator->http_port();
+  if (!PollUntil([port] { return absl::StartsWith(testing::HttpGet(port, "/readyz"), "200\n"); },
+                 options.setup_timeout)) {
+    return "shard_replicator's /readyz did not answer 200 in time";
+  }
+  out->ready_seconds = since_start();
+  if (!PollUntil([port] { return ReplicatorLeading(port) == 1; }, options.setup_timeout)) {
+    return "shard_replicator did not lead in time (shardcache_leader_election_leading)";
+  }
+  out->leading_seconds = since_start();
+  return "";
+}
+
+LogWarnings FindLogWarnings(const std::string& log, int keep) {
+  LogWarnings w;
+  for (absl::string_view line : absl::StrSplit(log, '\n')) {
+    if (!absl::StrContains(line, "warn") && !absl::StrContains(line, "error")) continue;
+    if (++w.count <= keep) w.first.emplace_back(line.substr(0, 300));
+  }
+  return w;
+}
+
+std::string LogTail(const testing::ServerProcess* process, const std::string& what) {
+  if (process == nullptr) return "";
+  std::string log = process->Log();
+  if (log.size() > 3000) log = "..." + log.substr(log.size() - 3000);
+  return absl::StrCat("--- ", what, " log (tail) ---\n", log, "---\n");
 }
 
 }  // namespace shardcache::bench

@@ -1,8 +1,10 @@
 // Helpers shared by store_bench's loads: the clock, latency summaries, readings of a process's
-// /proc status and of the disk (flushes, space, filesystem), channels, and the object that every
-// benchmark write carries.
+// /proc status and of the disk (flushes, space, filesystem), channels, the object that every
+// benchmark write carries, and the processes of the replicator's benchmarks (a cache, shard "a"'s
+// store and one shard_replicator between them).
 //
-// Thread-safety: every function is thread-safe (none keeps state).
+// Thread-safety: every function is thread-safe (none keeps state). A ReplicatorProcesses is
+// thread-compatible, as the ServerProcesses it holds.
 #ifndef SHARDCACHE_BENCH_BENCH_UTIL_H_
 #define SHARDCACHE_BENCH_BENCH_UTIL_H_
 
@@ -10,12 +12,15 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "shardcache/v1/store.pb.h"
+#include "absl/time/time.h"
+#include "common/testing/server_process.h"
+#include "shardcache/v1/store.grpc.pb.h"
 
 namespace shardcache::bench {
 
@@ -59,6 +64,11 @@ struct BusiestThread {
 };
 BusiestThread FindBusiestThread(pid_t pid, const std::map<pid_t, double>& before,
                                 const std::map<pid_t, double>& after, double seconds);
+
+// How many threads of process `pid` (0: this process) bear each name
+// (/proc/<pid>/task/<tid>/comm: at most 15 bytes; a thread that was never named bears the
+// process's own name, cut to 15 bytes); empty if the process cannot be read.
+std::map<std::string, int64_t> ReadThreadNames(pid_t pid);
 
 // CPU cores that a process used on average between two readings taken `seconds` apart.
 double CoresUsed(const ProcStats& before, const ProcStats& after, double seconds);
@@ -126,6 +136,90 @@ std::string FormatMiB(int64_t kb, bool ok);
 
 // The load average over the last minute, from /proc/loadavg ("n/a" if it cannot be read).
 std::string LoadAverage();
+
+// --- Calls, polls and /metrics ---
+
+// A client context whose deadline is `timeout` from now.
+std::unique_ptr<grpc::ClientContext> DeadlineContext(absl::Duration timeout);
+
+// Creates the object whose JSON (proto3 JSON mapping of v1.Object) is `json` in `gvr`; "" on
+// success, else why not.
+std::string CreateFromJson(v1::Store::Stub* stub, const v1::GroupVersionResource& gvr,
+                           const std::string& json, absl::Duration timeout);
+
+// Creates a ResourceDefinition in a shard store that defines `gvr`, namespaced, with its one
+// version served; "" on success, else why not.
+std::string DefineResource(v1::Store::Stub* stub, const v1::GroupVersionResource& gvr,
+                           absl::Duration timeout);
+
+// cache.shardcache.io/v1alpha1 clustercachedresources.
+v1::GroupVersionResource CcrResource();
+// The JSON of a ClusterCachedResource named `name` in logical cluster `cluster` that asks for every
+// object of `gvr` in that cluster.
+std::string CcrJson(const std::string& cluster, const std::string& name,
+                    const v1::GroupVersionResource& gvr);
+// A CCR's status.phase ("" when it has none yet).
+std::string CcrPhase(const v1::Object& ccr);
+
+// Polls `cond` every `interval` until it holds (true) or `timeout` passes (false).
+bool PollUntil(const std::function<bool()>& cond, absl::Duration timeout,
+               absl::Duration interval = absl::Milliseconds(50));
+
+// The sum of the series of metric `name` (exactly; any labels) whose labels contain `label`, on
+// a /metrics page as testing::HttpGet returns it; -1 if the page failed, 0 if no series matches
+// (counters with labels have no series until their first increment).
+double ScrapeMetric(const std::string& page, const std::string& name,
+                    const std::string& label = "");
+
+// --- The replicator's benchmarks: a cache, shard "a"'s store and one shard_replicator ---
+
+// The shard that the benchmarks replicate.
+inline constexpr char kBenchShard[] = "a";
+
+struct ReplicatorProcessOptions {
+  // The binaries, extra flags for both stores, and extra flags for the replicator (after its
+  // defaults: --shard=a, --shard-store, --cache, --identity=bench-0, --lease-duration=3s
+  // --renew-deadline=2s --retry-period=500ms, so they win).
+  std::string cache_server;
+  std::string replicator;
+  std::vector<std::string> server_args;
+  std::vector<std::string> replicator_args;
+  // Bound on each process's start, and on each wait after it: /readyz, leading.
+  absl::Duration start_timeout = absl::Minutes(1);
+  absl::Duration setup_timeout = absl::Minutes(1);
+};
+
+struct ReplicatorProcesses {
+  std::unique_ptr<testing::ServerProcess> cache;  // cache_server --role=cache
+  std::unique_ptr<testing::ServerProcess> shard;  // cache_server --role=shard, shard "a"'s store
+  std::unique_ptr<testing::ServerProcess> replicator;
+  std::unique_ptr<v1::Store::Stub> cache_stub;
+  std::unique_ptr<v1::Store::Stub> shard_stub;
+  // Seconds from the replicator's start to its /readyz answering 200, and to its
+  // shardcache_leader_election_leading gauge reading 1.
+  double ready_seconds = 0;
+  double leading_seconds = 0;
+};
+
+// Starts the two stores on loopback ports they pick themselves (each with --data-dir in a fresh
+// temporary directory), then the replicator between them, and waits until the replicator is ready
+// and leads. "" on success, else what failed (the processes started so far are in `out`).
+std::string StartReplicatorProcesses(const ReplicatorProcessOptions& options,
+                                     ReplicatorProcesses* out);
+
+// The replicator's shardcache_leader_election_leading gauge (-1: not on its /metrics page).
+double ReplicatorLeading(int http_port);
+
+// The lines of a process's log that say "warn" or "error": how many, and the first `keep` (each
+// cut to 300 bytes).
+struct LogWarnings {
+  int64_t count = 0;
+  std::vector<std::string> first;
+};
+LogWarnings FindLogWarnings(const std::string& log, int keep = 10);
+
+// "--- <what> log (tail) ---" and the last 3000 bytes of the process's log; "" for null.
+std::string LogTail(const testing::ServerProcess* process, const std::string& what);
 
 }  // namespace shardcache::bench
 

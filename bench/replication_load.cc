@@ -1,10 +1,7 @@
 #include "bench/replication_load.h"
 
-#include <google/protobuf/util/json_util.h>
-
 #include <algorithm>
 #include <atomic>
-#include <functional>
 #include <memory>
 #include <thread>
 #include <unordered_map>
@@ -16,14 +13,12 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "bench/write_load.h"
-#include "common/testing/objects.h"
 #include "common/testing/server_process.h"
 #include "shardcache/v1/store.grpc.pb.h"
 
 namespace shardcache::bench {
 namespace {
 
-constexpr char kShard[] = "a";
 constexpr char kCluster[] = "root";
 constexpr char kCcrName[] = "bench-widgets";
 constexpr char kInitialEventsEnd[] = "k8s.io/initial-events-end";
@@ -34,56 +29,6 @@ std::string NamePrefix(const std::string& run_id) {
   std::string name = BenchObjectName(run_id, 0, 0);
   name.pop_back();
   return name;
-}
-
-std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout) {
-  auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  return ctx;
-}
-
-// Creates the object whose JSON is `json`; "" on success, else why not.
-std::string CreateFromJson(v1::Store::Stub* stub, const v1::GroupVersionResource& gvr,
-                           const std::string& json, absl::Duration timeout) {
-  v1::CreateRequest req;
-  *req.mutable_resource() = gvr;
-  if (!google::protobuf::util::JsonStringToMessage(json, req.mutable_object()).ok()) {
-    return absl::StrCat("bad JSON: ", json);
-  }
-  v1::Object out;
-  grpc::Status s = stub->Create(Context(timeout).get(), req, &out);
-  return s.ok() ? "" : absl::StrCat("create ", gvr.resource(), ": ", s.error_message());
-}
-
-// Polls `cond` every 50 ms until it holds (true) or `timeout` passes (false).
-bool PollUntil(const std::function<bool()>& cond, absl::Duration timeout) {
-  absl::Time deadline = absl::Now() + timeout;
-  while (!cond()) {
-    if (absl::Now() >= deadline) return false;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return true;
-}
-
-// The sum of the series of metric `name` (exactly; any labels) whose labels contain `label`, on
-// a /metrics page as testing::HttpGet returns it; -1 if the page failed, 0 if no series matches
-// (counters with labels have no series until their first increment).
-double ScrapeMetric(const std::string& page, const std::string& name,
-                    const std::string& label = "") {
-  if (!absl::StartsWith(page, "200\n")) return -1;
-  double total = 0;
-  for (absl::string_view line : absl::StrSplit(page, '\n')) {
-    if (!absl::ConsumePrefix(&line, name) || line.empty() || (line[0] != ' ' && line[0] != '{')) {
-      continue;
-    }
-    size_t space = line.rfind(' ');
-    double value = 0;
-    if (space != absl::string_view::npos && absl::StrContains(line.substr(0, space), label) &&
-        absl::SimpleAtod(line.substr(space + 1), &value)) {
-      total += value;
-    }
-  }
-  return total;
 }
 
 // Every series of metric `name` on a /metrics page: its labels ("code=\"X\"") -> value.
@@ -98,13 +43,6 @@ std::map<std::string, double> MetricSeries(const std::string& page, const std::s
     }
   }
   return series;
-}
-
-double Leading(int port) {
-  std::string page = testing::HttpGet(port, "/metrics");
-  return absl::StrContains(page, "\nshardcache_leader_election_leading")
-             ? ScrapeMetric(page, "shardcache_leader_election_leading")
-             : -1;
 }
 
 double Delta(double before, double after) { return before < 0 || after < 0 ? -1 : after - before; }
@@ -122,7 +60,7 @@ bool ListVersions(v1::Store::Stub* stub, const std::string& shard, const std::st
   req.set_limit(1000);
   do {
     v1::ListResponse page;
-    grpc::Status s = stub->List(Context(timeout).get(), req, &page);
+    grpc::Status s = stub->List(DeadlineContext(timeout).get(), req, &page);
     if (!s.ok()) {
       *error =
           absl::StrCat("list ", shard.empty() ? "shard store" : "cache", ": ", s.error_message());
@@ -148,7 +86,7 @@ SyncCheck CheckSync(v1::Store::Stub* shard, v1::Store::Stub* cache, const std::s
   SyncCheck c;
   std::unordered_map<std::string, std::string> local, copies;
   if (!ListVersions(shard, "", prefix, timeout, &local, &c.error) ||
-      !ListVersions(cache, kShard, prefix, timeout, &copies, &c.error)) {
+      !ListVersions(cache, kBenchShard, prefix, timeout, &copies, &c.error)) {
     return c;
   }
   c.ok = true;
@@ -183,7 +121,7 @@ class CacheWatch {
       : prefix_(NamePrefix(run_id)), objects_(objects) {
     v1::WatchRequest req;
     *req.mutable_resource() = BenchResource();
-    req.set_shard(kShard);
+    req.set_shard(kBenchShard);
     req.set_cluster(kCluster);
     ctx_.set_deadline(absl::ToChronoTime(absl::Now() + lifetime));
     reader_ = stub->Watch(&ctx_, req);
@@ -258,7 +196,7 @@ class CacheWatch {
     }
     absl::string_view name = m.name();
     int64_t index = -1;
-    if (m.shard() != kShard || !absl::ConsumePrefix(&name, prefix_) ||
+    if (m.shard() != kBenchShard || !absl::ConsumePrefix(&name, prefix_) ||
         !absl::SimpleAtoi(name, &index) || index < 0 || index >= objects_) {
       ++foreign_;
       return;
@@ -293,13 +231,8 @@ class CacheWatch {
   int64_t seen_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// The processes of one run, and their clients.
-struct Deployment {
-  std::unique_ptr<testing::ServerProcess> cache;
-  std::unique_ptr<testing::ServerProcess> shard;
-  std::unique_ptr<testing::ServerProcess> replicator;
-  std::unique_ptr<v1::Store::Stub> cache_stub;
-  std::unique_ptr<v1::Store::Stub> shard_stub;
+// The processes of one run, their clients, and the channels of the local writes.
+struct Deployment : ReplicatorProcesses {
   std::vector<std::shared_ptr<grpc::Channel>> write_channels;
 };
 
@@ -442,77 +375,31 @@ ReplicationPass RunPass(const ReplicationLoadOptions& options, const Deployment&
   return pass;
 }
 
-std::string LogTail(const testing::ServerProcess* p, const std::string& what) {
-  if (p == nullptr) return "";
-  std::string log = p->Log();
-  if (log.size() > 3000) log = "..." + log.substr(log.size() - 3000);
-  return absl::StrCat("--- ", what, " log (tail) ---\n", log, "---\n");
-}
-
 // Starts the three processes and prepares the CCR; "" on success, else what failed.
 std::string SetUp(const ReplicationLoadOptions& options, Deployment* d,
                   ReplicationLoadResult* result) {
-  auto store_args = [&options](const char* role) {
-    std::vector<std::string> args = {absl::StrCat("--role=", role)};
-    args.insert(args.end(), options.server_args.begin(), options.server_args.end());
-    return args;
-  };
-  d->cache = std::make_unique<testing::ServerProcess>(options.cache_server, store_args("cache"));
-  d->shard = std::make_unique<testing::ServerProcess>(options.cache_server, store_args("shard"));
-  for (auto* p : {d->cache.get(), d->shard.get()}) {
-    if (absl::Status s = p->Start(options.start_timeout); !s.ok()) {
-      return absl::StrCat("cannot start cache_server: ", s.message());
-    }
-  }
-  d->cache_stub = v1::Store::NewStub(MakeChannel(d->cache->grpc_address(), 0));
-  d->shard_stub = v1::Store::NewStub(MakeChannel(d->shard->grpc_address(), 0));
+  ReplicatorProcessOptions p;
+  p.cache_server = options.cache_server;
+  p.replicator = options.replicator;
+  p.server_args = options.server_args;
+  p.replicator_args = options.replicator_args;
+  p.start_timeout = options.start_timeout;
+  p.setup_timeout = options.setup_timeout;
+  std::string error = StartReplicatorProcesses(p, d);
+  result->ready_seconds = d->ready_seconds;
+  result->leading_seconds = d->leading_seconds;
+  if (!error.empty()) return error;
   for (int i = 0; i < std::min(options.streams, 8); ++i) {
     d->write_channels.push_back(MakeChannel(d->shard->grpc_address(), i + 1));
   }
 
-  std::vector<std::string> args = {absl::StrCat("--shard=", kShard),
-                                   absl::StrCat("--shard-store=", d->shard->grpc_address()),
-                                   absl::StrCat("--cache=", d->cache->grpc_address()),
-                                   "--identity=bench-0",
-                                   "--lease-duration=3s",
-                                   "--renew-deadline=2s",
-                                   "--retry-period=500ms"};
-  args.insert(args.end(), options.replicator_args.begin(), options.replicator_args.end());
-  d->replicator = std::make_unique<testing::ServerProcess>(options.replicator, args);
-  int64_t start_ns = NowNanos();
-  auto since_start = [start_ns] { return static_cast<double>(NowNanos() - start_ns) / 1e9; };
-  if (absl::Status s = d->replicator->Start(options.start_timeout); !s.ok()) {
-    return absl::StrCat("cannot start shard_replicator: ", s.message());
-  }
-  int port = d->replicator->http_port();
-  if (!PollUntil([port] { return absl::StartsWith(testing::HttpGet(port, "/readyz"), "200\n"); },
-                 options.setup_timeout)) {
-    return "shard_replicator's /readyz did not answer 200 in time";
-  }
-  result->ready_seconds = since_start();
-  if (!PollUntil([port] { return Leading(port) == 1; }, options.setup_timeout)) {
-    return "shard_replicator did not lead in time (shardcache_leader_election_leading)";
-  }
-  result->leading_seconds = since_start();
-
   v1::GroupVersionResource res = BenchResource();
-  std::string error = CreateFromJson(
-      d->shard_stub.get(), testing::Gvr("core.shardcache.io", "v1", "resourcedefinitions"),
-      absl::StrCat(R"({"metadata":{"name":")", res.resource(), ".", res.group(),
-                   R"("},"spec":{"group":")", res.group(), R"(","names":{"plural":")",
-                   res.resource(), R"("},"scope":"Namespaced","versions":[{"name":")",
-                   res.version(), R"(","served":true}]}})"),
-      options.rpc_timeout);
+  error = DefineResource(d->shard_stub.get(), res, options.rpc_timeout);
   if (!error.empty()) return error;
-  v1::GroupVersionResource ccr_gvr =
-      testing::Gvr("cache.shardcache.io", "v1alpha1", "clustercachedresources");
+  v1::GroupVersionResource ccr_gvr = CcrResource();
   int64_t ccr_ns = NowNanos();
-  error = CreateFromJson(
-      d->shard_stub.get(), ccr_gvr,
-      absl::StrCat(R"({"metadata":{"cluster":")", kCluster, R"(","name":")", kCcrName,
-                   R"("},"spec":{"group":")", res.group(), R"(","version":")", res.version(),
-                   R"(","resource":")", res.resource(), R"("}})"),
-      options.rpc_timeout);
+  error = CreateFromJson(d->shard_stub.get(), ccr_gvr, CcrJson(kCluster, kCcrName, res),
+                         options.rpc_timeout);
   if (!error.empty()) return error;
   std::string phase;
   auto ready = [&] {
@@ -521,9 +408,9 @@ std::string SetUp(const ReplicationLoadOptions& options, Deployment* d,
     req.set_cluster(kCluster);
     req.set_name(kCcrName);
     v1::Object ccr;
-    if (!d->shard_stub->Get(Context(options.rpc_timeout).get(), req, &ccr).ok()) return false;
-    auto it = ccr.status().fields().find("phase");
-    phase = it == ccr.status().fields().end() ? "" : it->second.string_value();
+    if (!d->shard_stub->Get(DeadlineContext(options.rpc_timeout).get(), req, &ccr).ok())
+      return false;
+    phase = CcrPhase(ccr);
     return phase == "Ready";
   };
   if (!PollUntil(ready, options.setup_timeout)) {
@@ -582,12 +469,9 @@ ReplicationLoadResult RunReplicationLoad(const ReplicationLoadOptions& options) 
     result.replicator_errors_by_code =
         MetricSeries(testing::HttpGet(d.replicator->http_port(), "/metrics"),
                      "shardcache_replicator_write_errors_total");
-    for (absl::string_view line : absl::StrSplit(d.replicator->Log(), '\n')) {
-      if (!absl::StrContains(line, "warn") && !absl::StrContains(line, "error")) continue;
-      if (++result.replicator_warning_count <= 10) {
-        result.replicator_warnings.emplace_back(line.substr(0, 300));
-      }
-    }
+    LogWarnings warnings = FindLogWarnings(d.replicator->Log());
+    result.replicator_warning_count = warnings.count;
+    result.replicator_warnings = std::move(warnings.first);
     result.watch_error = watch->Error();
     result.foreign_events = watch->foreign();
   }
