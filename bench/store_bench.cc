@@ -17,6 +17,11 @@
 //     store, then updates and deletes them all; reports end-to-end throughput and per-object
 //     replication lag (local write answered -> event on a cache watch), checks that every copy
 //     arrived, and reports the replicator's CPU and memory (see bench/replication_load.h).
+//   --mode=ccrs: the same three processes; defines --ccr-resources resources with
+//     --objects-per-resource objects each in every logical cluster, creates --ccrs
+//     ClusterCachedResources, waits until every one is Ready and every copy is in the cache, then
+//     deletes them all; reports the replicator's threads and memory idle, with the objects, with
+//     every CCR converged and after the deletes (see bench/ccr_scale.h).
 //
 // --targets=cache_server,etcd (modes write, watch, get and list): the tool also starts etcd
 //   (Debian's etcd-server) and drives the same load, through the same client code (bench/target.h),
@@ -58,6 +63,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "bench/bench_util.h"
+#include "bench/ccr_scale.h"
 #include "bench/etcd_process.h"
 #include "bench/h2_client.h"
 #include "bench/read_load.h"
@@ -77,7 +83,7 @@ ABSL_FLAG(std::string, mode, "write",
           "write: write throughput and latency; watch: fan-out; get, list: read throughput and "
           "latency; fsync: the disk's syncs per "
           "second; startup: restart time with --objects objects; replication: shard_replicator's "
-          "throughput and lag");
+          "throughput and lag; ccrs: shard_replicator's threads and memory with --ccrs CCRs");
 ABSL_FLAG(std::string, target, "",
           "host:port of a running server to load; empty: start a cache_server on loopback");
 ABSL_FLAG(std::string, server, "", "the cache_server binary to start (default: the build tree's)");
@@ -113,7 +119,8 @@ ABSL_FLAG(int, watchers, 1000, "--mode=watch: concurrent Watch streams");
 ABSL_FLAG(std::string, write_rate, "200/s", "--mode=watch: creates per second, e.g. 200/s");
 ABSL_FLAG(absl::Duration, setup_timeout, absl::Seconds(60),
           "--mode=watch: how long the watchers may take to receive their initial bookmark; "
-          "--mode=replication: bound on each setup step (replicator ready and leading, CCR Ready)");
+          "--mode=replication: bound on each setup step (replicator ready and leading, CCR Ready); "
+          "--mode=ccrs: on the replicator's /readyz and leading");
 ABSL_FLAG(absl::Duration, idle, absl::Seconds(2),
           "--mode=watch: how long the watchers stay idle before the idle reading");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::ZeroDuration(),
@@ -141,24 +148,40 @@ ABSL_FLAG(int64_t, objects, 0,
           "--mode=startup: objects to fill the server with (0: 1000000); --mode=replication: "
           "objects written in each pass (0: 10000)");
 ABSL_FLAG(int64_t, object_bytes, 1024,
-          "--mode=startup and replication: size of each object as sent (serialized), padded with "
-          "random text");
+          "--mode=startup, replication and ccrs: size of each object as sent (serialized), padded "
+          "with random text");
 ABSL_FLAG(int, fill_streams, 4,
           "--mode=startup and replication: Write streams that write the objects");
-ABSL_FLAG(int, fill_window, 256, "--mode=startup and replication: writes in flight per stream");
+ABSL_FLAG(int, fill_window, 256,
+          "--mode=startup, replication and ccrs: writes in flight per stream");
 ABSL_FLAG(absl::Duration, fill_timeout, absl::Minutes(30),
-          "--mode=startup and replication: how long the writes (of each pass) may take at most");
+          "--mode=startup, replication and ccrs: how long the writes (of each pass; ccrs: of "
+          "each stream) may take at most");
 ABSL_FLAG(absl::Duration, start_timeout, absl::Minutes(5),
-          "--mode=startup and replication: how long each process may take to start (write its "
-          "port file)");
+          "--mode=startup, replication and ccrs: how long each process may take to start (write "
+          "its port file)");
 ABSL_FLAG(int, restarts, 1, "--mode=startup: how many times to stop and restart the server");
 // --mode=replication
 ABSL_FLAG(std::string, replicator, "",
-          "--mode=replication: the shard_replicator binary (default: the build tree's)");
+          "--mode=replication and ccrs: the shard_replicator binary (default: the build tree's)");
 ABSL_FLAG(std::string, replicator_args, "",
-          "--mode=replication: extra flags for shard_replicator, separated by spaces (after the "
-          "tool's own, so they win), e.g. --replicator-args=\"--workers=8\"; --server-args go "
-          "to both stores");
+          "--mode=replication and ccrs: extra flags for shard_replicator, separated by spaces "
+          "(after the tool's own, so they win), e.g. --replicator-args=\"--workers=8\"; "
+          "--server-args go to both stores");
+// --mode=ccrs
+ABSL_FLAG(int, ccrs, 50,
+          "--mode=ccrs: ClusterCachedResources to create, at most one per (cluster, resource) "
+          "pair, in ceil(ccrs / ccr-resources) logical clusters");
+ABSL_FLAG(int, ccr_resources, 20,
+          "--mode=ccrs: ResourceDefinitions to define in the shard store and spread the CCRs over");
+ABSL_FLAG(int, objects_per_resource, 20,
+          "--mode=ccrs: objects of each resource in each logical cluster (--object-bytes each)");
+ABSL_FLAG(absl::Duration, converge_timeout, absl::Minutes(10),
+          "--mode=ccrs: bound on the wait for every CCR Ready and every copy in the cache, and on "
+          "the wait for every CCR and copy gone after the deletes");
+ABSL_FLAG(absl::Duration, settle, absl::Seconds(5),
+          "--mode=ccrs: how long the replicator is left alone before the readings with the "
+          "objects and after the deletes");
 // Side by side with etcd
 ABSL_FLAG(std::vector<std::string>, targets, std::vector<std::string>({"cache_server"}),
           "--mode=write, watch, get and list: the servers to start and load, cache_server and/or "
@@ -175,7 +198,7 @@ namespace shardcache::bench {
 namespace {
 
 struct Options {
-  enum class Mode { kWrite, kWatch, kGet, kList, kFsync, kStartup, kReplication };
+  enum class Mode { kWrite, kWatch, kGet, kList, kFsync, kStartup, kReplication, kCcrs };
   Mode mode = Mode::kWrite;
   // host:port to load; empty: start `server` on loopback.
   std::string target;
@@ -218,6 +241,8 @@ struct Options {
   Startup startup;
   // Replication mode: binaries, flags, sizes and bounds (run_id is set per run).
   ReplicationLoadOptions replication;
+  // CCR mode: processes, counts and bounds (run_id is set per run).
+  CcrScaleOptions ccrs;
   // Get and list modes: the reads' shape (operation, clients and keys are set per run), and how
   // many objects to fill each server with first.
   ReadLoadOptions read;
@@ -267,13 +292,16 @@ absl::StatusOr<Options> OptionsFromFlags() {
     o.mode = Options::Mode::kStartup;
   } else if (mode == "replication") {
     o.mode = Options::Mode::kReplication;
+  } else if (mode == "ccrs") {
+    o.mode = Options::Mode::kCcrs;
   } else if (mode == "get") {
     o.mode = Options::Mode::kGet;
   } else if (mode == "list") {
     o.mode = Options::Mode::kList;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--mode: \"", mode, "\" (want write, watch, get, list, fsync, startup or replication)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--mode: \"", mode,
+                     "\" (want write, watch, get, list, fsync, startup, replication or ccrs)"));
   }
   o.target = absl::GetFlag(FLAGS_target);
   o.server = absl::GetFlag(FLAGS_server);
@@ -403,9 +431,10 @@ absl::StatusOr<Options> OptionsFromFlags() {
     return absl::InvalidArgumentError("--restarts: must be from 1 to 100");
   }
   if (!o.target.empty() &&
-      (o.mode == Options::Mode::kStartup || o.mode == Options::Mode::kReplication)) {
+      (o.mode == Options::Mode::kStartup || o.mode == Options::Mode::kReplication ||
+       o.mode == Options::Mode::kCcrs)) {
     return absl::InvalidArgumentError(
-        "--mode=startup and --mode=replication start their own servers: no --target");
+        "--mode=startup, replication and ccrs start their own servers: no --target");
   }
 
   ReplicationLoadOptions& r = o.replication;
@@ -423,6 +452,35 @@ absl::StatusOr<Options> OptionsFromFlags() {
   r.write_timeout = o.startup.fill_timeout;
   r.drain_timeout = drain_timeout == absl::ZeroDuration() ? absl::Minutes(5) : drain_timeout;
   r.rpc_timeout = rpc_timeout;
+
+  CcrScaleOptions& c = o.ccrs;
+  c.processes.cache_server = r.cache_server;
+  c.processes.replicator = r.replicator;
+  c.processes.server_args = r.server_args;
+  c.processes.replicator_args = r.replicator_args;
+  c.processes.start_timeout = r.start_timeout;
+  c.processes.setup_timeout = r.setup_timeout;
+  c.ccrs = absl::GetFlag(FLAGS_ccrs);
+  c.resources = absl::GetFlag(FLAGS_ccr_resources);
+  c.objects_per_resource = absl::GetFlag(FLAGS_objects_per_resource);
+  if (c.ccrs < 1 || c.ccrs > 100000 || c.resources < 1 || c.resources > 10000) {
+    return absl::InvalidArgumentError(
+        "--ccrs: must be from 1 to 100000; --ccr-resources: from 1 to 10000");
+  }
+  if (c.objects_per_resource < 0 || c.objects_per_resource > 1000000) {
+    return absl::InvalidArgumentError("--objects-per-resource: must be from 0 to 1000000");
+  }
+  c.object_bytes = r.object_bytes;
+  c.window = r.window;
+  c.write_timeout = r.write_timeout;
+  c.converge_timeout = absl::GetFlag(FLAGS_converge_timeout);
+  c.delete_timeout = c.converge_timeout;
+  c.settle = absl::GetFlag(FLAGS_settle);
+  if (c.converge_timeout <= absl::ZeroDuration() || c.settle < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "--converge-timeout: must be positive; --settle: must not be negative");
+  }
+  c.rpc_timeout = rpc_timeout;
 
   o.read.operation = o.mode == Options::Mode::kList ? ReadLoadOptions::Operation::kList
                                                     : ReadLoadOptions::Operation::kGet;
@@ -587,7 +645,7 @@ std::string WatchClientDescription(const Options& o, int channels) {
 
 std::string ServerDescription(const Options& o) {
   if (o.mode == Options::Mode::kFsync) return "none (--mode=fsync measures the disk alone)";
-  if (o.mode == Options::Mode::kReplication) {
+  if (o.mode == Options::Mode::kReplication || o.mode == Options::Mode::kCcrs) {
     return absl::StrCat(o.server, " --role=cache and --role=shard",
                         o.server_args.empty() ? "" : " ", absl::StrJoin(o.server_args, " "),
                         ", and ", o.replication.replicator,
@@ -1575,6 +1633,115 @@ int RunReplication(Options options) {
   return verified ? 0 : 1;
 }
 
+// "name count, name count, ...": threads by name, the most common first.
+std::string ThreadNameCells(const std::map<std::string, int64_t>& names) {
+  std::vector<std::pair<int64_t, std::string>> sorted;
+  for (const auto& [name, count] : names) sorted.emplace_back(-count, name);
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<std::string> parts;
+  for (const auto& [count, name] : sorted) parts.push_back(absl::StrCat("`", name, "` ", -count));
+  return parts.empty() ? "n/a" : absl::StrJoin(parts, ", ");
+}
+
+int RunCcrs(Options options) {
+  CcrScaleOptions& o = options.ccrs;
+  o.run_id = NewRunId();
+  std::string load_before = LoadAverage();
+  CcrScaleResult r = RunCcrScale(o);
+  std::cout << "## CCRs on one replicator: " << o.ccrs << " CCRs over " << o.resources
+            << " resources in " << r.clusters << " logical clusters, " << o.objects_per_resource
+            << " objects per (cluster, resource)\n\n";
+  if (!r.setup_error.empty()) {
+    std::cout << "**SETUP FAILED**: " << r.setup_error << "\n";
+    std::cerr << r.logs;
+    return 2;
+  }
+  std::cout
+      << "The shard store holds " << r.objects << " objects of " << r.object_bytes_sent
+      << " bytes (as sent) in " << r.clusters << " x " << o.resources
+      << " (cluster, resource) pairs; CCR i asks for resource i % " << o.resources
+      << " in cluster i / " << o.resources << ", so " << r.expected_copies
+      << " copies are expected in the cache. Readings of shard_replicator (/proc/PID/status "
+         "Threads and VmRSS, /proc/PID/task/*/comm, its "
+         "shardcache_replicator_replication_controllers gauge): idle (leading, nothing "
+         "defined); with the definitions and objects, no CCR, "
+      << absl::FormatDuration(o.settle)
+      << " after the last write; once every CCR is Ready and a listing of the cache shows every "
+         "copy (polled every 500 ms); and "
+      << absl::FormatDuration(o.settle)
+      << " after every CCR and copy is gone. Time: the writes and the pause (objects), the first "
+         "CCR create sent to converged, the first delete sent to everything gone. A thread that "
+         "was never named bears the process's name, cut to 15 bytes (`shard_replicato`).\n\n"
+      << "| setup | value |\n|---|---|\n"
+      << absl::StrFormat("| replicator start to /readyz 200 / to leading | %.2f s / %.2f s |\n",
+                         r.ready_seconds, r.leading_seconds)
+      << absl::StrFormat("| %d objects written (one Write stream, window %d) | %.2f s |\n",
+                         r.objects, o.window, r.objects_seconds)
+      << absl::StrFormat("| %d CCR creates, first sent to last answered | %.2f s |\n", o.ccrs,
+                         r.create_seconds)
+      << "| first CCR create to every CCR Ready | "
+      << (r.all_ready_seconds < 0 ? std::string("not seen")
+                                  : absl::StrFormat("%.2f s", r.all_ready_seconds))
+      << " |\n| first CCR create to every copy in the cache | "
+      << (r.converged_seconds < 0 ? std::string("not seen")
+                                  : absl::StrFormat("%.2f s", r.converged_seconds))
+      << " |\n"
+      << absl::StrFormat("| replicator's highest thread count seen while converging | %d |\n",
+                         r.peak_threads)
+      << absl::StrFormat("| %d CCR deletes, first sent to last answered | %.2f s |\n", o.ccrs,
+                         r.delete_seconds)
+      << "| first delete to no CCR and no copy left | "
+      << (r.gone_seconds < 0 ? std::string("not seen") : absl::StrFormat("%.2f s", r.gone_seconds))
+      << " |\n\n"
+      << "| phase | time | replicator threads | threads - idle | per CCR | VmRSS MiB | VmRSS - "
+         "idle MiB | per CCR KiB | VmHWM MiB | CPU s since the previous reading | replication "
+         "controllers | threads by name |\n"
+      << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+  const ProcStats* idle = r.readings.empty() ? nullptr : &r.readings.front().replicator;
+  const ProcStats* previous = nullptr;
+  for (const CcrScaleReading& reading : r.readings) {
+    const ProcStats& p = reading.replicator;
+    bool per_ccr = reading.phase == "converged" || reading.phase == "after delete";
+    bool diff = idle != nullptr && idle->ok && p.ok;
+    int64_t threads = diff ? p.threads - idle->threads : 0;
+    int64_t rss_kb = diff ? p.rss_kb - idle->rss_kb : 0;
+    std::cout << absl::StrFormat(
+        "| %s | %.2f s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", reading.phase,
+        reading.seconds, p.ok ? absl::StrCat(p.threads) : "n/a",
+        diff ? absl::StrCat(threads) : "n/a",
+        diff && per_ccr ? absl::StrFormat("%.2f", static_cast<double>(threads) / o.ccrs) : "",
+        FormatMiB(p.rss_kb, p.ok), diff ? FormatMiB(rss_kb, true) : "n/a",
+        diff && per_ccr ? absl::StrFormat("%.1f", static_cast<double>(rss_kb) / o.ccrs) : "",
+        FormatMiB(p.hwm_kb, p.ok),
+        previous != nullptr && previous->ok && p.ok
+            ? absl::StrFormat("%.2f", p.cpu_seconds - previous->cpu_seconds)
+            : "",
+        MetricCell(reading.replication_controllers), ThreadNameCells(reading.thread_names));
+    previous = &p;
+  }
+  std::cout << "\n| process at the end | threads, VmRSS, VmHWM |\n|---|---|\n"
+            << "| shard store | " << ProcCells(r.shard_end) << " |\n"
+            << "| cache | " << ProcCells(r.cache_end) << " |\n\n"
+            << "shard_replicator on SIGTERM: " << ExitDescription(r.replicator_exit)
+            << ". Load average (1m) before / after: " << load_before << " / " << LoadAverage()
+            << ".\n\nshard_replicator's log: " << r.replicator_warnings.count
+            << " lines with \"warn\" or \"error\""
+            << (r.replicator_warnings.first.empty() ? "." : ", the first:") << "\n\n";
+  for (const std::string& line : r.replicator_warnings.first) std::cout << "    " << line << "\n";
+  if (!r.replicator_warnings.first.empty()) std::cout << "\n";
+  bool verified = r.Verified();
+  std::cout << "Verified (every CCR Ready and every copy in the cache, then every CCR and copy "
+               "gone, each within --converge-timeout; the replicator exited 0): "
+            << (verified ? "yes" : "**NO**") << "\n";
+  if (!r.failure.empty()) std::cout << "\n**FAILED**: " << r.failure << "\n";
+  if (r.replicator_exit != 0) {
+    std::cout << "\n**FAILED**: shard_replicator on SIGTERM: " << ExitDescription(r.replicator_exit)
+              << "\n";
+  }
+  if (!verified) std::cerr << r.logs;
+  return verified ? 0 : 1;
+}
+
 }  // namespace
 }  // namespace shardcache::bench
 
@@ -1588,7 +1755,8 @@ int main(int argc, char** argv) {
       "--write-rate=100/s\n"
       "  store_bench --mode=fsync --duration=10s [--fsync-dir=DIR]\n"
       "  store_bench --mode=startup --objects=1000000 --object-bytes=1024\n"
-      "  store_bench --mode=replication --objects=10000 --object-bytes=1024\n\n"
+      "  store_bench --mode=replication --objects=10000 --object-bytes=1024\n"
+      "  store_bench --mode=ccrs --ccrs=50 --ccr-resources=20 --objects-per-resource=20\n\n"
       "Without --target it starts a cache_server on 127.0.0.1 itself, with its data in a fresh\n"
       "temporary directory; --server-args=\"--sync=false ...\" passes flags to it.");
   // Debian builds Abseil without NDEBUG, which leaves absl::Mutex's deadlock detection on: every
@@ -1625,6 +1793,8 @@ int main(int argc, char** argv) {
       return shardcache::bench::RunStartup(*options);
     case shardcache::bench::Options::Mode::kReplication:
       return shardcache::bench::RunReplication(*std::move(options));
+    case shardcache::bench::Options::Mode::kCcrs:
+      return shardcache::bench::RunCcrs(*std::move(options));
   }
   return 2;
 }
