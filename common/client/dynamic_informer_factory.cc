@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <thread>
@@ -155,6 +156,44 @@ class DynamicInformerFactory::Notifier : public std::enable_shared_from_this<Not
   std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
 };
 
+// Where a handle's deleter reports that the handle was dropped. Shared by the factory and every
+// handle, so that a handle dropped after the factory is gone finds it detached instead of freed.
+// A drop holds mu_ shared while it reports, and Detach (the destructor's first step) holds it
+// exclusively: no report reaches the factory after Detach returns.
+class DynamicInformerFactory::Handles {
+ public:
+  explicit Handles(DynamicInformerFactory* factory) : factory_(factory) {}
+
+  void Dropped(const std::string& key, uint64_t id) {
+    absl::ReaderMutexLock l(&mu_);
+    if (factory_ != nullptr) factory_->HandleDropped(key, id);
+  }
+
+  void Detach() {
+    absl::WriterMutexLock l(&mu_);
+    factory_ = nullptr;
+  }
+
+ private:
+  absl::Mutex mu_;
+  DynamicInformerFactory* factory_ ABSL_GUARDED_BY(mu_);
+};
+
+namespace {
+
+prometheus::Gauge* InformersGauge(const DynamicInformerFactory::Options& options) {
+  if (options.registry == nullptr) return nullptr;
+  return &prometheus::BuildGauge()
+              .Name("shardcache_informer_factory_informers")
+              .Help(
+                  "Informers that a DynamicInformerFactory runs: held by a user, or unused "
+                  "and not yet released (the definitions informer not counted).")
+              .Register(*options.registry)
+              .Add({{"factory", options.name}});
+}
+
+}  // namespace
+
 std::vector<v1::GroupVersionResource> DynamicInformerFactory::BuiltInResources() {
   return {DefinitionResource(), LeaseResource(), CcrResource()};
 }
@@ -199,13 +238,23 @@ absl::StatusOr<std::unique_ptr<DynamicInformerFactory>> DynamicInformerFactory::
 DynamicInformerFactory::DynamicInformerFactory(ListerWatcherSource source, Options options)
     : source_(std::move(source)),
       options_(std::move(options)),
-      notifier_(std::make_shared<Notifier>()) {}
+      informers_gauge_(InformersGauge(options_)),
+      notifier_(std::make_shared<Notifier>()),
+      handles_(std::make_shared<Handles>(this)) {
+  if (informers_gauge_ != nullptr) informers_gauge_->Set(0);
+}
 
 absl::Status DynamicInformerFactory::Start() {
+  if (options_.informer.clock == nullptr) {
+    return absl::InvalidArgumentError("informer.clock: Required value");
+  }
+  if (options_.release_after < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("release_after: must not be negative");
+  }
+  release_thread_ = std::thread([this] { RunReleases(); });
   if (!options_.follow_definitions) {
     // Validate now the options every informer will use.
     const SharedInformer::Options& o = options_.informer;
-    if (o.clock == nullptr) return absl::InvalidArgumentError("informer.clock: Required value");
     if (o.handler_buffer == 0) {
       return absl::InvalidArgumentError("informer.handler_buffer: must be positive");
     }
@@ -240,12 +289,15 @@ absl::Status DynamicInformerFactory::Start() {
 }
 
 DynamicInformerFactory::~DynamicInformerFactory() {
+  handles_->Detach();  // handles dropped from now on (possibly after this) do nothing
   std::map<std::string, Entry> entries;
   {
     absl::MutexLock l(&mu_);
     shut_down_ = true;
     entries.swap(informers_);
+    UpdateGaugeLocked();
   }
+  if (release_thread_.joinable()) release_thread_.join();
   definitions_registration_.reset();
   definitions_stopped_.Cancel();
   for (auto& [key, entry] : entries) entry.on_stopped.Cancel();
@@ -319,9 +371,11 @@ absl::StatusOr<std::shared_ptr<SharedInformer>> DynamicInformerFactory::ForResou
     }
   }
   if (auto it = informers_.find(key); it != informers_.end()) {
-    if (!it->second.informer->IsStopped()) return it->second.informer;
+    // Running, held or not (an unused one within its grace period is taken back).
+    if (!it->second.informer->IsStopped()) return HandleLocked(key, &it->second);
     dead.push_back(std::move(it->second));  // stopped; its callback has not removed it yet
     informers_.erase(it);
+    UpdateGaugeLocked();
   }
   absl::StatusOr<std::shared_ptr<SharedInformer>> informer = NewInformer(resource, filters);
   if (!informer.ok()) return informer.status();
@@ -331,8 +385,102 @@ absl::StatusOr<std::shared_ptr<SharedInformer>> DynamicInformerFactory::ForResou
   entry.on_stopped = entry.informer->OnStopped(
       [this, key, raw = entry.informer.get()](const absl::Status&) { InformerStopped(key, raw); });
   if (absl::Status s = entry.informer->Run(); !s.ok()) return s;
-  informers_[key] = std::move(entry);
-  return *informer;
+  Entry& stored = informers_[key];
+  stored = std::move(entry);
+  UpdateGaugeLocked();
+  return HandleLocked(key, &stored);
+}
+
+std::shared_ptr<SharedInformer> DynamicInformerFactory::HandleLocked(const std::string& key,
+                                                                     Entry* entry) {
+  if (std::shared_ptr<SharedInformer> held = entry->handle.lock()) return held;
+  // A new use count of its own: its deleter runs when the last copy is dropped. It holds a
+  // reference to the informer, which may outlive the entry (unserved, stopped, factory gone).
+  const uint64_t id = ++next_handle_id_;
+  std::shared_ptr<SharedInformer> handle(
+      entry->informer.get(),
+      [handles = handles_, key, id, informer = entry->informer](SharedInformer*) mutable {
+        handles->Dropped(key, id);
+        informer.reset();
+      });
+  entry->handle = handle;
+  entry->handle_id = id;
+  entry->unused_since = absl::InfiniteFuture();
+  return handle;
+}
+
+void DynamicInformerFactory::HandleDropped(const std::string& key, uint64_t id) {
+  absl::MutexLock l(&mu_);
+  if (shut_down_) return;
+  auto it = informers_.find(key);
+  // Another informer by now (this one was dropped from the map), or handed out again since.
+  if (it == informers_.end() || it->second.handle_id != id) return;
+  it->second.unused_since = options_.informer.clock->Now();
+  ++releases_changed_;
+}
+
+size_t DynamicInformerFactory::InformerCount() const {
+  absl::MutexLock l(&mu_);
+  return informers_.size();
+}
+
+void DynamicInformerFactory::RunReleases() {
+  const Clock* clock = options_.informer.clock;
+  while (true) {
+    std::vector<Entry> released;
+    {
+      absl::MutexLock l(&mu_);
+      const uint64_t seen = releases_changed_;
+      auto changed = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return shut_down_ || releases_changed_ != seen;
+      };
+      clock->AwaitWithDeadline(&mu_, absl::Condition(&changed), NextReleaseLocked());
+      if (shut_down_) return;
+      released = TakeExpiredLocked(clock->Now());
+    }
+    // Out of the map already: nobody can be handed them. Nobody holds them either, so the stop
+    // tells no user (the factory's own callback is cancelled first).
+    for (Entry& e : released) e.on_stopped.Cancel();
+    for (Entry& e : released) {
+      spdlog::info("informer factory: releasing informer {}: unused for {}", e.informer->name(),
+                   absl::FormatDuration(options_.release_after));
+      e.informer->Stop(absl::CancelledError(
+          absl::StrCat("informer ", e.informer->name(), " was released: nobody used it for ",
+                       absl::FormatDuration(options_.release_after))));
+    }
+    released.clear();  // the informers are destroyed here, their threads joined
+  }
+}
+
+std::vector<DynamicInformerFactory::Entry> DynamicInformerFactory::TakeExpiredLocked(
+    absl::Time now) {
+  std::vector<Entry> expired;
+  for (auto it = informers_.begin(); it != informers_.end();) {
+    const Entry& e = it->second;
+    // unused_since is finite only once the last handle's deleter has run.
+    if (e.handle.expired() && e.unused_since != absl::InfiniteFuture() &&
+        e.unused_since + options_.release_after <= now) {
+      expired.push_back(std::move(it->second));
+      it = informers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (!expired.empty()) UpdateGaugeLocked();
+  return expired;
+}
+
+absl::Time DynamicInformerFactory::NextReleaseLocked() const {
+  absl::Time next = absl::InfiniteFuture();
+  for (const auto& [key, e] : informers_) {
+    if (!e.handle.expired() || e.unused_since == absl::InfiniteFuture()) continue;
+    next = std::min(next, e.unused_since + options_.release_after);
+  }
+  return next;
+}
+
+void DynamicInformerFactory::UpdateGaugeLocked() {
+  if (informers_gauge_ != nullptr) informers_gauge_->Set(static_cast<double>(informers_.size()));
 }
 
 bool DynamicInformerFactory::IsServed(const v1::GroupVersionResource& resource) const {
@@ -447,6 +595,7 @@ std::vector<DynamicInformerFactory::Entry> DynamicInformerFactory::UnserveLocked
     dropped.push_back(std::move(it->second));
     it = informers_.erase(it);
   }
+  UpdateGaugeLocked();
   return dropped;
 }
 
@@ -460,6 +609,7 @@ void DynamicInformerFactory::InformerStopped(const std::string& key,
                informer->StopReason().ToString());
   dead = std::move(it->second);
   informers_.erase(it);
+  UpdateGaugeLocked();
 }
 
 }  // namespace shardcache

@@ -9,8 +9,10 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -23,6 +25,7 @@
 #include "common/testing/server_process.h"
 #include "common/testing/status_matchers.h"
 #include "common/testing/wait.h"
+#include "prometheus/registry.h"
 
 namespace shardcache {
 namespace {
@@ -481,6 +484,244 @@ TEST(DynamicInformerFactoryScriptedTest, FollowsDefinitionsFromItsSource) {
   ASSERT_TRUE(Eventually([&] { return (*informer)->IsStopped(); }, kWait, "the informer stops"));
   EXPECT_THAT((*informer)->StopReason(), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_FALSE((*factory)->IsServed(widgets));
+}
+
+// ---- Release of unused informers (scripted source, cache role, FakeClock) ----
+
+class DynamicInformerFactoryReleaseTest : public ::testing::Test {
+ protected:
+  static constexpr absl::Duration kGrace = absl::Seconds(10);
+
+  void SetUp() override { MakeFactory(kGrace); }
+
+  void MakeFactory(absl::Duration release_after) {
+    factory_.reset();
+    DynamicInformerFactory::Options options;
+    options.follow_definitions = false;
+    options.informer.clock = &clock_;
+    options.informer.reflector.watch_idle_timeout = absl::ZeroDuration();
+    options.release_after = release_after;
+    options.name = "test";
+    options.registry = registry_;
+    auto factory = DynamicInformerFactory::Create(source_.Source(), options);
+    ASSERT_THAT(factory.status(), IsOk());
+    factory_ = *std::move(factory);
+    ASSERT_THAT(factory_->ServeAlways(kWidgets), IsOk());
+    ASSERT_THAT(factory_->ServeAlways(kGadgets), IsOk());
+    source_.For(kWidgets)->SetList("store-1", "3", {"w1"});
+  }
+
+  // shardcache_informer_factory_informers{factory="test"}.
+  double Gauge() const {
+    for (const prometheus::MetricFamily& f : registry_->Collect()) {
+      if (f.name != "shardcache_informer_factory_informers") continue;
+      for (const prometheus::ClientMetric& m : f.metric) {
+        if (m.label.size() == 1 && m.label[0].value == "test") return m.gauge.value;
+      }
+    }
+    ADD_FAILURE() << "no shardcache_informer_factory_informers{factory=\"test\"}";
+    return -1;
+  }
+
+  // True once the release thread waits for `deadline` (it has seen the last handle go).
+  ::testing::AssertionResult ReleaseDue(absl::Time deadline) {
+    if (Eventually([&] { return clock_.NextDeadline() == deadline; }, kWait,
+                   "the release thread waits for the grace period's end")) {
+      return ::testing::AssertionSuccess();
+    }
+    return ::testing::AssertionFailure()
+           << "next deadline " << clock_.NextDeadline() << ", want " << deadline;
+  }
+
+  FakeClock clock_;
+  testing::ScriptedSource source_{&clock_};
+  std::shared_ptr<prometheus::Registry> registry_ = std::make_shared<prometheus::Registry>();
+  std::unique_ptr<DynamicInformerFactory> factory_;
+};
+
+// Records the stop reasons an informer reports (without holding the informer).
+struct StopLog {
+  explicit StopLog(SharedInformer& informer)
+      : subscription(informer.OnStopped([this](const absl::Status& why) {
+          absl::MutexLock l(&mu);
+          reasons.push_back(why);
+        })) {}
+  std::vector<absl::Status> Reasons() {
+    absl::MutexLock l(&mu);
+    return reasons;
+  }
+  absl::Mutex mu;
+  std::vector<absl::Status> reasons ABSL_GUARDED_BY(mu);
+  Subscription subscription;
+};
+
+TEST_F(DynamicInformerFactoryReleaseTest, Unused_IsReleasedWhenTheGracePeriodEnds) {
+  auto informer = factory_->ForResource(kWidgets);
+  ASSERT_THAT(informer.status(), IsOk());
+  ASSERT_TRUE((*informer)->WaitForSync(kWait));
+  EXPECT_EQ(factory_->InformerCount(), 1u);
+  EXPECT_EQ(Gauge(), 1);
+  ASSERT_TRUE(Eventually([&] { return source_.For(kWidgets)->streams() == 1; }, kWait,
+                         "the informer watches"));
+  StopLog log(**informer);
+  const absl::Time dropped = clock_.Now();
+  informer->reset();
+
+  // Not before the grace period ends.
+  ASSERT_TRUE(ReleaseDue(dropped + kGrace));
+  clock_.Advance(kGrace - absl::Milliseconds(1));
+  ASSERT_TRUE(ReleaseDue(dropped + kGrace));
+  EXPECT_EQ(factory_->InformerCount(), 1u);
+  EXPECT_TRUE(log.Reasons().empty());
+  EXPECT_FALSE(source_.For(kWidgets)->stream(0)->cancelled());
+
+  clock_.Advance(absl::Milliseconds(1));
+  ASSERT_TRUE(Eventually([&] { return factory_->InformerCount() == 0; }, kWait,
+                         "the informer is released"));
+  EXPECT_EQ(Gauge(), 0);
+  ASSERT_TRUE(Eventually([&] { return !log.Reasons().empty(); }, kWait, "it stops"));
+  EXPECT_THAT(log.Reasons(),
+              ElementsAre(StatusIs(absl::StatusCode::kCancelled, HasSubstr("released"))));
+  EXPECT_TRUE(source_.For(kWidgets)->stream(0)->cancelled()) << "its watch is closed";
+}
+
+TEST_F(DynamicInformerFactoryReleaseTest, Held_IsNeverReleased_AndItsUsersAreNotTold) {
+  auto first = factory_->ForResource(kWidgets);
+  auto second = factory_->ForResource(kWidgets);
+  ASSERT_THAT(first.status(), IsOk());
+  ASSERT_THAT(second.status(), IsOk());
+  ASSERT_EQ(first->get(), second->get());
+  Watcher user(*second);
+  first->reset();  // one of two handles: still held
+  // Another informer released meanwhile: the release thread runs, and keeps the held one.
+  auto gadgets = factory_->ForResource(kGadgets);
+  ASSERT_THAT(gadgets.status(), IsOk());
+  const absl::Time dropped = clock_.Now();
+  gadgets->reset();
+  ASSERT_TRUE(ReleaseDue(dropped + kGrace));
+  clock_.Advance(absl::Hours(1));
+  ASSERT_TRUE(Eventually([&] { return factory_->InformerCount() == 1; }, kWait,
+                         "the unused informer is released"));
+  EXPECT_EQ(clock_.NextDeadline(), absl::InfiniteFuture());
+  EXPECT_FALSE((*second)->IsStopped());
+  EXPECT_TRUE(user.StopReasons().empty());
+  ASSERT_TRUE(Eventually([&] { return user.Added("w1"); }, kWait, "user.Added(\"w1\")"));
+  auto again = factory_->ForResource(kWidgets);
+  ASSERT_THAT(again.status(), IsOk());
+  EXPECT_EQ(again->get(), second->get());
+  EXPECT_EQ(source_.Taken(kWidgets), 1);
+}
+
+TEST_F(DynamicInformerFactoryReleaseTest, RequestedWithinTheGracePeriod_GetsTheSameInformerBack) {
+  auto informer = factory_->ForResource(kWidgets);
+  ASSERT_THAT(informer.status(), IsOk());
+  SharedInformer* raw = informer->get();
+  informer->reset();
+  clock_.Advance(kGrace - absl::Seconds(1));
+  auto back = factory_->ForResource(kWidgets);
+  ASSERT_THAT(back.status(), IsOk());
+  EXPECT_EQ(back->get(), raw);
+  EXPECT_FALSE((*back)->IsStopped());
+  // Held again: the grace period that had begun is over, and no other begins.
+  clock_.Advance(absl::Hours(1));
+  EXPECT_EQ(clock_.NextDeadline(), absl::InfiniteFuture());
+  EXPECT_EQ(factory_->InformerCount(), 1u);
+  EXPECT_FALSE((*back)->IsStopped());
+  EXPECT_EQ(source_.Taken(kWidgets), 1) << "no second list and watch";
+
+  // Dropped again: a new grace period, from then.
+  const absl::Time dropped = clock_.Now();
+  back->reset();
+  ASSERT_TRUE(ReleaseDue(dropped + kGrace));
+}
+
+TEST_F(DynamicInformerFactoryReleaseTest, RequestedAfterTheRelease_GetsAFreshRunningInformer) {
+  auto informer = factory_->ForResource(kWidgets);
+  ASSERT_THAT(informer.status(), IsOk());
+  informer->reset();
+  clock_.Advance(kGrace);
+  ASSERT_TRUE(Eventually([&] { return factory_->InformerCount() == 0; }, kWait,
+                         "the informer is released"));
+  source_.For(kWidgets)->SetList("store-1", "4", {"w1", "w2"});
+  auto fresh = factory_->ForResource(kWidgets);
+  ASSERT_THAT(fresh.status(), IsOk());
+  EXPECT_EQ(source_.Taken(kWidgets), 2) << "a new informer, with its own list and watch";
+  EXPECT_FALSE((*fresh)->IsStopped());
+  Watcher user(*fresh);
+  ASSERT_TRUE((*fresh)->WaitForSync(kWait));
+  ASSERT_TRUE(Eventually([&] { return user.Added("w2"); }, kWait, "user.Added(\"w2\")"));
+  EXPECT_EQ(factory_->InformerCount(), 1u);
+  EXPECT_EQ(Gauge(), 1);
+}
+
+TEST_F(DynamicInformerFactoryReleaseTest, Release_IsNotTheResourceBeingUnserved) {
+  EventLog log;
+  Subscription sub = factory_->Subscribe(log.Listener());
+  ASSERT_TRUE(Eventually([&] { return log.Events().size() == 5; }, kWait, "initial events"));
+  auto informer = factory_->ForResource(kWidgets);
+  ASSERT_THAT(informer.status(), IsOk());
+  informer->reset();
+  clock_.Advance(kGrace);
+  ASSERT_TRUE(Eventually([&] { return factory_->InformerCount() == 0; }, kWait,
+                         "the informer is released"));
+  EXPECT_TRUE(factory_->IsServed(kWidgets));
+  ASSERT_THAT(factory_->ServeAlways(Gvr("example.com", "v1", "gizmos")),
+              IsOk());  // an event after the release's time
+  ASSERT_TRUE(Eventually([&] { return log.Events().size() == 6; }, kWait, "the marker"));
+  EXPECT_THAT(log.Events(), Not(Contains(HasSubstr("UNSERVED"))));
+}
+
+// Many threads take and drop handles of a few informers while the factory releases each one
+// the moment it is unused: a handle is never of a stopped informer, and a held informer never
+// stops (a handler can always be added); once every handle is dropped, every informer goes.
+TEST_F(DynamicInformerFactoryReleaseTest, RequestsRaceWithReleases_NeverAStoppedInformer) {
+  MakeFactory(absl::ZeroDuration());
+  constexpr int kThreads = 8;
+  constexpr int kRounds = 40;
+  std::vector<ListWatchFilters> filters(3);
+  filters[1].cluster = "c1";
+  filters[2].cluster = "c2";
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kRounds; ++i) {
+        auto informer = factory_->ForResource(kWidgets, filters[(t + i) % filters.size()]);
+        if (!informer.ok() || (*informer)->IsStopped()) {
+          ++failures;
+          continue;
+        }
+        auto registration = (*informer)->AddEventHandler(MakeHandler({}));
+        if (!registration.ok()) ++failures;
+        if ((*informer)->IsStopped()) ++failures;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  ASSERT_TRUE(Eventually([&] { return factory_->InformerCount() == 0; }, kWait,
+                         "every informer is released"));
+  EXPECT_EQ(Gauge(), 0);
+  int taken = 0;
+  for (const ListWatchFilters& f : filters) taken += source_.Taken(kWidgets, f);
+  EXPECT_GE(taken, 3);
+}
+
+TEST_F(DynamicInformerFactoryReleaseTest, HandleDroppedAfterTheFactory_DoesNothing) {
+  auto informer = factory_->ForResource(kWidgets);
+  ASSERT_THAT(informer.status(), IsOk());
+  factory_.reset();
+  EXPECT_TRUE((*informer)->IsStopped());
+  informer->reset();
+}
+
+TEST(DynamicInformerFactoryOptionsTest, NegativeReleaseAfter_IsInvalid) {
+  testing::ScriptedSource source(RealClock::Get());
+  DynamicInformerFactory::Options options;
+  options.follow_definitions = false;
+  options.release_after = absl::Seconds(-1);
+  EXPECT_THAT(DynamicInformerFactory::Create(source.Source(), options).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("release_after")));
 }
 
 }  // namespace
