@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -508,6 +509,90 @@ TEST_F(ReplicationTest, StandbyIsReady) {
       Eventually([&] { return absl::StartsWith(HttpGet(standby->http_port(), "/readyz"), "200"); },
                  kConverge, "the standby's /readyz answers 200"));
   EXPECT_EQ(Leading(standby), 0);
+  EXPECT_EQ(Leading(replica_), 1);
+}
+
+// The threads of a process (its /proc/<pid>/task entries); -1 when they cannot be read.
+int ThreadCount(pid_t pid) {
+  std::error_code error;
+  std::filesystem::directory_iterator it(absl::StrCat("/proc/", pid, "/task"), error);
+  if (error) return -1;
+  int n = 0;
+  for (; it != std::filesystem::directory_iterator(); it.increment(error)) {
+    if (error) return -1;
+    ++n;
+  }
+  return n;
+}
+
+// The informers a CCR needs (its resource in its cluster, in the shard store; its copies, in the
+// cache) run while it exists, on the leader and on the standby alike, and are released once it is
+// deleted (after the factories' grace period): the informer gauges go back to what an idle
+// replicator runs (its CCR informers), and so do the standby's threads (each informer has a
+// reflector and a watchdog thread).
+TEST_F(ReplicationTest, InformersOfDeletedCcrsAreReleased) {
+  constexpr char kInformers[] = "shardcache_informer_factory_informers";
+  constexpr char kShardFactory[] = "factory=\"shard_store\"";
+  constexpr char kCacheFactory[] = "factory=\"cache\"";
+  constexpr int kCcrs = 6;
+  ASSERT_NO_FATAL_FAILURE(StartAll());
+  ServerProcess* standby = StartReplicator("a", "replica-1");
+  ASSERT_TRUE(
+      Eventually([&] { return absl::StartsWith(HttpGet(standby->http_port(), "/readyz"), "200"); },
+                 kConverge, "the standby's /readyz answers 200"));
+  auto informers = [&](ServerProcess* replica) {
+    return absl::StrCat(Metric(replica->http_port(), kInformers, {kShardFactory}), "/",
+                        Metric(replica->http_port(), kInformers, {kCacheFactory}));
+  };
+  // Idle: the shard's CCRs, and their copies in the cache.
+  for (ServerProcess* replica : {replica_, standby}) {
+    ASSERT_TRUE(Eventually([&] { return informers(replica) == "1/1"; }, kConverge,
+                           "an idle replicator runs its CCR informers only",
+                           [&] { return informers(replica); }));
+  }
+  const int idle_threads = ThreadCount(standby->pid());
+  ASSERT_GT(idle_threads, 0);
+
+  auto cluster = [](int i) { return absl::StrCat("root:org-", i); };
+  for (int i = 0; i < kCcrs; ++i) {
+    ASSERT_TRUE(CreateIn(shard(), CcrGvr(), Ccr("widgets", "", cluster(i))).ok());
+  }
+  for (int i = 0; i < kCcrs; ++i) {
+    ASSERT_TRUE(WaitForCcr(
+        "widgets", [](const v1::Object& ccr) { return Phase(ccr) == "Ready"; }, "Ready", kConverge,
+        "a", cluster(i)));
+  }
+  const std::string needed = absl::StrCat(1 + kCcrs, "/", 1 + kCcrs);
+  for (ServerProcess* replica : {replica_, standby}) {
+    ASSERT_TRUE(Eventually([&] { return informers(replica) == needed; }, kConverge,
+                           "two informers per CCR, on the leader and on the standby",
+                           [&] { return informers(replica); }));
+  }
+  // What the check below would see if they leaked: at least a reflector thread per informer.
+  EXPECT_GE(ThreadCount(standby->pid()), idle_threads + 2 * kCcrs);
+
+  for (int i = 0; i < kCcrs; ++i) {
+    ASSERT_TRUE(DeleteIn(shard(), CcrGvr(), "", cluster(i), "", "widgets").ok());
+  }
+  for (int i = 0; i < kCcrs; ++i) {
+    ASSERT_TRUE(Eventually([&] { return !GetCcr("widgets", "a", cluster(i)).has_value(); },
+                           kConverge, "the deleted CCR is gone (its copies purged)"));
+  }
+  // The factories' grace period (10 s) and then some.
+  for (ServerProcess* replica : {replica_, standby}) {
+    EXPECT_TRUE(Eventually([&] { return informers(replica) == "1/1"; }, absl::Seconds(40),
+                           "the deleted CCRs' informers are released",
+                           [&] { return informers(replica); }));
+  }
+  // Back to about the idle count (a few threads of gRPC's come and go).
+  int threads = -1;
+  EXPECT_TRUE(Eventually(
+      [&] {
+        threads = ThreadCount(standby->pid());
+        return threads > 0 && threads <= idle_threads + 4;
+      },
+      absl::Seconds(20), "the standby's threads are back to the idle count",
+      [&] { return absl::StrCat(threads, " threads, ", idle_threads, " when idle"); }));
   EXPECT_EQ(Leading(replica_), 1);
 }
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "common/error_info.h"
 #include "common/object_key.h"
+#include "common/resources.h"
 #include "common/status_macros.h"
 
 namespace shardcache {
@@ -236,8 +237,28 @@ absl::StatusOr<std::shared_ptr<SharedInformer>> CcrController::CacheInformer(
 
 int64_t CcrController::Purge(const v1::GroupVersionResource& resource, const std::string& cluster) {
   absl::StatusOr<std::shared_ptr<SharedInformer>> informer = CacheInformer(resource, cluster);
-  if (!informer.ok() || !(*informer)->HasSynced()) return -1;
+  if (!informer.ok()) return -1;
+  // Held until the purge is seen complete, so that the factory does not release the informer
+  // between two attempts (its sync, and what it shows of the deletes, would start over).
+  const std::string purge_key = absl::StrCat(GvrKey(resource), "|", cluster);
+  std::shared_ptr<SharedInformer> done;  // let go of outside mu_
+  if (!(*informer)->HasSynced()) {
+    absl::MutexLock l(&mu_);
+    purging_[purge_key] = *informer;
+    return -1;
+  }
   std::vector<ObjectRef> copies = (*informer)->store().List();
+  {
+    absl::MutexLock l(&mu_);
+    if (copies.empty()) {
+      if (auto it = purging_.find(purge_key); it != purging_.end()) {
+        done = std::move(it->second);
+        purging_.erase(it);
+      }
+    } else {
+      purging_[purge_key] = *informer;
+    }
+  }
   for (const ObjectRef& copy : copies) {
     v1::WriteRequest request;
     v1::DeleteRequest& del = *request.mutable_delete_();

@@ -183,7 +183,7 @@ class CcrController {
   absl::StatusOr<std::shared_ptr<SharedInformer>> CacheInformer(
       const v1::GroupVersionResource& resource, const std::string& cluster);
   // Deletes every copy of `resource` in `cluster` from this shard; returns how many are left
-  // (-1: not known yet).
+  // (-1: not known yet). Holds the copies' informer until none is left (purging_).
   int64_t Purge(const v1::GroupVersionResource& resource, const std::string& cluster);
   // The Synced condition of a running, synced replication with `pending` keys.
   void SetSynced(int64_t pending, CcrState* state) const;
@@ -236,6 +236,11 @@ class CcrController {
   std::map<std::string, WrittenCopy> copies_written_ ABSL_GUARDED_BY(mu_);
   // CCRs whose replication waits for their copy to name its resource.
   std::set<std::string> awaiting_copy_ ABSL_GUARDED_BY(mu_);
+  // The copies' informers of the purges not seen complete yet, by "group/version/resource|cluster":
+  // held so that the factory keeps them running between attempts (a CCR's own informers are
+  // held by the replicator only while the CCR names them). Dropped when the purge is complete or
+  // the term ends.
+  std::map<std::string, std::shared_ptr<SharedInformer>> purging_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace shardcache

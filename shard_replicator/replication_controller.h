@@ -6,8 +6,9 @@
 // It lives inside one leadership term, for one CCR spec. It takes two running informers from
 // the process's DynamicInformerFactories (which outlive it): `local` (the resource in the CCR's
 // cluster, in the shard store) and `cache` (the copies: same resource, this shard and cluster,
-// in the cache). Start adds its event handlers to both; every change on either side enqueues the
-// object's key, and a worker reconciles the key from the two caches:
+// in the cache). It holds both (they are the factories' handles) until it is destroyed, so that
+// neither is released while it runs. Start adds its event handlers to both; every change on
+// either side enqueues the object's key, and a worker reconciles the key from the two caches:
 //   local matches, copy missing or different -> upsert the copy (restores a copy that someone
 //                                                else changed or deleted)
 //   no matching local object, copy present    -> delete the copy (local deletes, selector

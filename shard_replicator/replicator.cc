@@ -5,6 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/client/lease_lock.h"
 #include "common/error_info.h"
+#include "common/object_key.h"
+#include "common/resources.h"
 #include "common/status_macros.h"
 #include "common/validation.h"
 
@@ -108,23 +110,30 @@ absl::Status ShardReplicator::Init() {
     return o;
   };
   // The shard store serves what its ResourceDefinitions define; the cache serves any resource.
+  DynamicInformerFactory::Options shard_factory = factory_options(true);
+  shard_factory.name = "shard_store";
+  shard_factory.registry = options_.registry;
+  DynamicInformerFactory::Options cache_factory = factory_options(false);
+  cache_factory.name = "cache";
+  cache_factory.registry = options_.registry;
   ASSIGN_OR_RETURN(shard_informers_,
-                   DynamicInformerFactory::Create(shard_stub_, factory_options(true)));
+                   DynamicInformerFactory::Create(shard_stub_, std::move(shard_factory)));
   ASSIGN_OR_RETURN(cache_informers_,
-                   DynamicInformerFactory::Create(cache_stub_, factory_options(false)));
+                   DynamicInformerFactory::Create(cache_stub_, std::move(cache_factory)));
   ASSIGN_OR_RETURN(ccrs_, shard_informers_->ForResource(CcrResource()));
   ListWatchFilters mine;
   mine.shard = options_.shard;
   ASSIGN_OR_RETURN(cache_ccrs_, cache_informers_->ForResource(CcrResource(), mine));
 
-  // Warm every CCR's informers now, leader or not, and again when a resource becomes served.
+  // Warm every CCR's informers now, leader or not, again when the CCR changes or a resource
+  // becomes served or unserved, and let them go when the CCR is deleted.
   ResourceEventHandlerFuncs warm;
-  warm.on_add = [this](const ObjectRef& o, bool) { Warm(*o); };
-  warm.on_update = [this](const ObjectRef&, const ObjectRef& o) { Warm(*o); };
+  warm.on_add = [this](const ObjectRef& o, bool) { Warm(ObjectKey(o->metadata())); };
+  warm.on_update = [this](const ObjectRef&, const ObjectRef& o) { Warm(ObjectKey(o->metadata())); };
+  warm.on_delete = [this](const ObjectRef& o) { Warm(ObjectKey(o->metadata())); };
   ASSIGN_OR_RETURN(warm_registration_, ccrs_->AddEventHandler(MakeHandler(std::move(warm))));
-  warm_subscription_ = shard_informers_->Subscribe([this](const ResourceEvent& event) {
-    if (event.type != ResourceEvent::Type::kServed) return;
-    for (const ObjectRef& o : ccrs_->store().List()) Warm(*o);
+  warm_subscription_ = shard_informers_->Subscribe([this](const ResourceEvent&) {
+    for (const ObjectRef& o : ccrs_->store().List()) Warm(ObjectKey(o->metadata()));
   });
 
   auto lock = std::make_shared<LeaseLock>(
@@ -157,17 +166,47 @@ absl::Status ShardReplicator::Init() {
   return absl::OkStatus();
 }
 
-void ShardReplicator::Warm(const v1::Object& ccr) {
-  absl::StatusOr<CcrSpec> spec = ParseCcrSpec(ccr, nullptr);
-  if (!spec.ok() || !shard_informers_->IsServed(spec->resource)) return;
+void ShardReplicator::Warm(const std::string& key) {
+  Warmed dropped;  // let go of after warm_mu_ (a drop may release an informer)
+  absl::MutexLock l(&warm_mu_);
+  // From the store, not from the event: whatever thread calls, the newest state wins, and a CCR
+  // deleted meanwhile (its on_delete follows, or has run) is not warmed again.
+  ObjectRef ccr = ccrs_->store().Get(key);
+  absl::StatusOr<CcrSpec> spec =
+      ccr == nullptr ? absl::NotFoundError("deleted") : ParseCcrSpec(*ccr, nullptr);
+  std::string need;
+  if (spec.ok() && shard_informers_->IsServed(spec->resource)) {
+    need = absl::StrCat(GvrKey(spec->resource), "|", ccr->metadata().cluster());
+  }
+  auto it = warm_.find(key);
+  if (it != warm_.end()) {
+    const Warmed& held = it->second;
+    if (!need.empty() && held.need == need && held.local != nullptr && !held.local->IsStopped() &&
+        held.copies != nullptr && !held.copies->IsStopped()) {
+      return;  // what it needs, running
+    }
+    dropped = std::move(it->second);
+    warm_.erase(it);
+  }
+  if (need.empty()) return;
+  Warmed warmed;
+  warmed.need = need;
   ListWatchFilters local;
-  local.cluster = ccr.metadata().cluster();
-  (void)shard_informers_->ForResource(spec->resource, local);
-  if (!cache_informers_->ServeAlways(spec->resource).ok()) return;
-  ListWatchFilters copies;
-  copies.shard = options_.shard;
-  copies.cluster = ccr.metadata().cluster();
-  (void)cache_informers_->ForResource(spec->resource, copies);
+  local.cluster = ccr->metadata().cluster();
+  // An error (e.g. unserved meanwhile) leaves it null: the next event of the CCR or of the
+  // resource warms it again.
+  if (auto informer = shard_informers_->ForResource(spec->resource, local); informer.ok()) {
+    warmed.local = *std::move(informer);
+  }
+  if (cache_informers_->ServeAlways(spec->resource).ok()) {
+    ListWatchFilters copies;
+    copies.shard = options_.shard;
+    copies.cluster = ccr->metadata().cluster();
+    if (auto informer = cache_informers_->ForResource(spec->resource, copies); informer.ok()) {
+      warmed.copies = *std::move(informer);
+    }
+  }
+  warm_[key] = std::move(warmed);
 }
 
 absl::Status ShardReplicator::Ready() const {
@@ -312,6 +351,11 @@ void ShardReplicator::Stop() {
   if (elector_ != nullptr) elector_->Stop();  // ends the term, then releases the lease
   warm_subscription_.Cancel();
   warm_registration_.reset();
+  std::map<std::string, Warmed> warmed;
+  {
+    absl::MutexLock l(&warm_mu_);
+    warmed.swap(warm_);
+  }
 }
 
 }  // namespace shardcache

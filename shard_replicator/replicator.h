@@ -4,7 +4,13 @@
 //     the cache server; the informer of the shard's CCRs and the informer of this shard's CCR
 //     copies in the cache; and, warmed ahead of leadership, the informers that each CCR needs
 //     (its resource in its cluster, locally; its copies, in the cache). A standby is thus ready
-//     to lead at once, and no informer is ever tied to a leadership term;
+//     to lead at once, and no informer is ever tied to a leadership term. The replicator holds
+//     the CCR informers for its whole life (they are never released), and each CCR's informers
+//     (their factory handles) while the CCR needs them: it lets go of them when the CCR is
+//     deleted, when its spec names another resource or cluster, when it becomes invalid, or when
+//     its resource is no longer served. The factory releases an informer that nobody holds any
+//     more (not the term's controllers either) after its grace period, which ends its threads
+//     and its watch;
 //   - a LeaderElector on the shard's lease in the shard store.
 // While it leads (one term), a Term claims the term's epoch at the cache server (ClaimEpoch),
 // then runs a CacheWriter fenced with that epoch and a CcrController with a fresh queue, which
@@ -19,6 +25,7 @@
 
 #include <grpcpp/channel.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -93,8 +100,11 @@ class ShardReplicator {
 
   explicit ShardReplicator(Options options);
   absl::Status Init();
-  // Starts the informers a CCR needs, if its spec is valid and its resource served.
-  void Warm(const v1::Object& ccr);
+  // Makes the informers held for the CCR `key` (of ccrs_'s store) what it needs now, as the
+  // store shows it: its two informers when it exists, its spec is valid and its resource
+  // served; none otherwise. Level-triggered: any event of the CCR, or any change of what is
+  // served, calls it again.
+  void Warm(const std::string& key) ABSL_LOCKS_EXCLUDED(warm_mu_);
   void StartedLeading(LeadingContext context);
   void StoppedLeading();
   // A term's start-up, on its own thread: claim the epoch, then start the controllers.
@@ -109,13 +119,24 @@ class ShardReplicator {
   std::unique_ptr<StoreClient> shard_client_;
   std::unique_ptr<StoreClient> cache_client_;
   std::unique_ptr<ShardStoreWriter> shard_writer_;
+  // The terms' controllers and every informer's handlers run on it; declared before the
+  // factories, so that it outlives their informers.
+  std::unique_ptr<WorkerPool> pool_;
   std::unique_ptr<DynamicInformerFactory> shard_informers_;
   std::unique_ptr<DynamicInformerFactory> cache_informers_;
   std::shared_ptr<SharedInformer> ccrs_;
   std::shared_ptr<SharedInformer> cache_ccrs_;
-  std::unique_ptr<WorkerPool> pool_;  // the terms' controllers run on it
   std::unique_ptr<SharedInformer::Registration> warm_registration_;
   Subscription warm_subscription_;
+  // The informers held for one CCR, and what they are for ("group/version/resource|cluster").
+  struct Warmed {
+    std::string need;
+    std::shared_ptr<SharedInformer> local;
+    std::shared_ptr<SharedInformer> copies;
+  };
+  absl::Mutex warm_mu_;  // before the factories' own
+  // By CCR key (ObjectKey of the CCR).
+  std::map<std::string, Warmed> warm_ ABSL_GUARDED_BY(warm_mu_);
   std::unique_ptr<LeaderElector> elector_;  // last: stopped first
 
   mutable absl::Mutex term_mu_;  // before a Term's mu
