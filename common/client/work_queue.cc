@@ -313,7 +313,7 @@ void WorkQueue::CallPool(int turns, absl::Time wake) {
   if (wake != absl::InfiniteFuture()) pool_->WakeAt(this, wake);
 }
 
-void WorkQueue::RunOne() {
+void WorkQueue::RunTurn() {
   std::optional<std::string> key;
   std::function<void(const std::string&)>* process = nullptr;
   absl::Time wake = absl::InfiniteFuture();

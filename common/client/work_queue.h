@@ -80,7 +80,7 @@
 
 namespace shardcache {
 
-class WorkQueue {
+class WorkQueue final : private WorkerPool::Client {
  public:
   struct Options {
     // Names the queue: the `name` label of its metrics. Required when `registry` is set.
@@ -159,8 +159,6 @@ class WorkQueue {
  private:
   struct Metrics;
 
-  friend class WorkerPool;
-
   WorkQueue(Options options, std::unique_ptr<Metrics> metrics);
 
   // Hands out the first waiting key (it is now processing), if any.
@@ -171,11 +169,11 @@ class WorkQueue {
   int TurnsNeededLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Asks the pool for `turns` turns and, when `wake` is finite, a Tick at `wake`.
   void CallPool(int turns, absl::Time wake) ABSL_LOCKS_EXCLUDED(mu_);
-  // WorkerPool: one turn of a worker (one key processed, if one is waiting).
-  void RunOne() ABSL_LOCKS_EXCLUDED(mu_);
-  // WorkerPool's timer: delayed keys due at `now` become waiting, the gauges are refreshed, and
-  // the next wake-up is asked for.
-  void Tick(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+  // WorkerPool::Client: one turn of a worker (one key processed, if one is waiting).
+  void RunTurn() override ABSL_LOCKS_EXCLUDED(mu_);
+  // WorkerPool::Client, on the pool's timer: delayed keys due at `now` become waiting, the gauges
+  // are refreshed, and the next wake-up is asked for.
+  void Tick(absl::Time now) override ABSL_LOCKS_EXCLUDED(mu_);
 
   void AddLocked(const std::string& key, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ShutDownLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -230,7 +228,7 @@ class WorkQueue {
   std::function<void(const std::string&)> process_ ABSL_GUARDED_BY(mu_);
   int max_parallel_ ABSL_GUARDED_BY(mu_) = 0;   // 0: Process not called yet
   int queued_turns_ ABSL_GUARDED_BY(mu_) = 0;   // asked of the pool, not started
-  int running_turns_ ABSL_GUARDED_BY(mu_) = 0;  // in RunOne
+  int running_turns_ ABSL_GUARDED_BY(mu_) = 0;  // in RunTurn
   absl::Time next_refresh_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();  // of the gauges
   // ShutDownAndWait detached the queue from the pool: the queue never calls the pool again, so
   // it may outlive it (e.g. kept alive by callbacks that only Add to the shut-down queue).

@@ -2,8 +2,6 @@
 
 #include <algorithm>
 
-#include "common/client/work_queue.h"
-
 namespace shardcache {
 
 absl::StatusOr<std::unique_ptr<WorkerPool>> WorkerPool::Create(Options options) {
@@ -28,41 +26,54 @@ WorkerPool::~WorkerPool() {
   if (timer_.joinable()) timer_.join();
 }
 
-void WorkerPool::Schedule(WorkQueue* queue) {
+namespace {
+// The client whose RunTurn or Tick this thread is in, if any (for Detach from inside it).
+thread_local const WorkerPool::Client* current_client = nullptr;
+}  // namespace
+
+void WorkerPool::Schedule(Client* client) {
   absl::MutexLock l(&mu_);
-  if (detaching_.contains(queue)) return;
-  turns_.push_back(queue);
+  if (detaching_.contains(client)) return;
+  turns_.push_back(client);
 }
 
-void WorkerPool::WakeAt(WorkQueue* queue, absl::Time when) {
+void WorkerPool::WakeAt(Client* client, absl::Time when) {
   absl::MutexLock l(&mu_);
-  if (detaching_.contains(queue)) return;
-  auto [it, inserted] = wake_.try_emplace(queue, when);
+  if (detaching_.contains(client)) return;
+  auto [it, inserted] = wake_.try_emplace(client, when);
   if (!inserted) {
     if (it->second <= when) return;
-    wake_by_time_.erase({it->second, queue});
+    wake_by_time_.erase({it->second, client});
     it->second = when;
   }
-  wake_by_time_.emplace(when, queue);
-  if (wake_by_time_.begin()->second == queue) timer_wakeup_ = true;
+  wake_by_time_.emplace(when, client);
+  if (wake_by_time_.begin()->second == client) timer_wakeup_ = true;
 }
 
-void WorkerPool::Detach(WorkQueue* queue) {
+void WorkerPool::Detach(Client* client) {
   absl::MutexLock l(&mu_);
-  detaching_.insert(queue);
-  turns_.erase(std::remove(turns_.begin(), turns_.end(), queue), turns_.end());
-  if (auto it = wake_.find(queue); it != wake_.end()) {
-    wake_by_time_.erase({it->second, queue});
+  turns_.erase(std::remove(turns_.begin(), turns_.end(), client), turns_.end());
+  if (auto it = wake_.find(client); it != wake_.end()) {
+    wake_by_time_.erase({it->second, client});
     wake_.erase(it);
   }
-  auto idle = [this, queue]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    auto it = running_.find(queue);
-    return it == running_.end() || it->second == 0;
-  };
+  if (current_client == client) return;  // from its own call: that call cannot be waited for
+  detaching_.insert(client);
+  auto idle = [this, client]()
+                  ABSL_NO_THREAD_SAFETY_ANALYSIS { return running_.count(client) == 0; };
   mu_.Await(absl::Condition(&idle));
-  running_.erase(queue);
-  // The address may be a later queue's: forget this one entirely.
-  detaching_.erase(queue);
+  // The address may be a later client's: forget this one entirely.
+  detaching_.erase(client);
+}
+
+void WorkerPool::Call(Client* client, const std::function<void(Client*)>& call) {
+  ++running_[client];
+  mu_.Unlock();
+  current_client = client;
+  call(client);
+  current_client = nullptr;
+  mu_.Lock();
+  if (--running_[client] == 0) running_.erase(client);
 }
 
 void WorkerPool::RunWorker() {
@@ -70,13 +81,9 @@ void WorkerPool::RunWorker() {
   while (true) {
     mu_.Await(absl::Condition(this, &WorkerPool::HasTurnLocked));
     if (stop_) return;
-    WorkQueue* queue = turns_.front();
+    Client* client = turns_.front();
     turns_.pop_front();
-    ++running_[queue];
-    mu_.Unlock();
-    queue->RunOne();
-    mu_.Lock();
-    --running_[queue];
+    Call(client, [](Client* c) { c->RunTurn(); });
   }
 }
 
@@ -85,14 +92,10 @@ void WorkerPool::RunTimer() {
   while (!stop_) {
     absl::Time now = clock_->Now();
     while (!wake_by_time_.empty() && wake_by_time_.begin()->first <= now) {
-      WorkQueue* queue = wake_by_time_.begin()->second;
+      Client* client = wake_by_time_.begin()->second;
       wake_by_time_.erase(wake_by_time_.begin());
-      wake_.erase(queue);
-      ++running_[queue];
-      mu_.Unlock();
-      queue->Tick(now);  // asks for its next wake-up itself (WakeAt)
-      mu_.Lock();
-      --running_[queue];
+      wake_.erase(client);
+      Call(client, [now](Client* c) { c->Tick(now); });  // asks for its next wake-up (WakeAt)
     }
     absl::Time wake = wake_by_time_.empty() ? absl::InfiniteFuture() : wake_by_time_.begin()->first;
     timer_wakeup_ = false;

@@ -1,6 +1,7 @@
-// WorkerPool: a fixed set of threads that do the work of many WorkQueues, and one timer thread
-// for their delayed keys, so that a process's thread count is set by its configuration and not
-// by how many controllers it runs. (client-go gives each controller its own worker goroutines
+// WorkerPool: a fixed set of threads that do the work of many WorkQueues and informer handler
+// registrations (its Clients), and one timer thread for their timed work (delayed keys, periodic
+// resyncs), so that a process's thread count is set by its configuration and not by how many
+// controllers and handlers it runs. (client-go gives each controller its own worker goroutines
 // and each queue its own; threads are not that cheap, and a replicator runs a controller for
 // every ClusterCachedResource.)
 //
@@ -22,16 +23,19 @@
 //   one timer thread waits for the earliest one of all the queues. On a FakeClock, Advance is all
 //   a test needs.
 //
-// The pool's side of a queue is private to WorkQueue (Schedule, WakeAt, Detach); users only
-// create the pool, hand it to their queues, and destroy it after the queues.
+// Users create the pool, hand it to their queues (WorkQueue::Options::pool) and informers
+// (SharedInformer::Options::pool), and destroy it after them. The Client side (Schedule, WakeAt,
+// Detach) is for the code that implements a Client.
 //
-// Thread-safety: Create and the destructor from one thread; the rest is called by WorkQueues
-// from any thread. The destructor requires that every queue on the pool is gone.
+// Thread-safety: Create and the destructor from one thread; Schedule, WakeAt and Detach from any
+// thread, also from a Client's own RunTurn or Tick. The destructor requires that every Client
+// was detached.
 #ifndef SHARDCACHE_COMMON_CLIENT_WORKER_POOL_H_
 #define SHARDCACHE_COMMON_CLIENT_WORKER_POOL_H_
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -46,8 +50,6 @@
 #include "common/clock.h"
 
 namespace shardcache {
-
-class WorkQueue;
 
 class WorkerPool {
  public:
@@ -69,22 +71,38 @@ class WorkerPool {
   int threads() const { return static_cast<int>(workers_.size()); }
   const Clock* clock() const { return clock_; }
 
- private:
-  friend class WorkQueue;
+  // What the pool runs. A Client asks for turns and wake-ups; the pool calls it back.
+  class Client {
+   public:
+    // One turn on a worker thread: a bounded piece of work (a turn that never ends holds a
+    // worker for good).
+    virtual void RunTurn() = 0;
+    // The wake-up asked for by WakeAt has come (`now` on the pool's clock), on the timer thread.
+    virtual void Tick(absl::Time now) = 0;
 
+   protected:
+    ~Client() = default;
+  };
+
+  // Runs client->RunTurn() once on a worker thread, after the turns already queued (a client
+  // with several turns queued may run them side by side on several workers).
+  void Schedule(Client* client) ABSL_LOCKS_EXCLUDED(mu_);
+  // Calls client->Tick(now) on the timer thread once the clock reaches `when`, or earlier if an
+  // earlier time was asked for already (a client has one wake-up at a time: the earliest; Tick
+  // asks for the next one).
+  void WakeAt(Client* client, absl::Time when) ABSL_LOCKS_EXCLUDED(mu_);
+  // Drops the client's turns and wake-up, and waits for a RunTurn or Tick of it in progress on
+  // another thread (Schedule and WakeAt for it do nothing meanwhile). After it returns, the pool
+  // never calls the client again. Called from the client's own RunTurn or Tick, it drops them and
+  // returns at once (it cannot wait for itself): the client must then ask for nothing more.
+  void Detach(Client* client) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
   explicit WorkerPool(const Options& options);
 
-  // Runs queue->RunOne() once on a worker thread, after the turns already queued.
-  void Schedule(WorkQueue* queue) ABSL_LOCKS_EXCLUDED(mu_);
-  // Calls queue->Tick(now) on the timer thread once the clock reaches `when`, or earlier if an
-  // earlier time was asked for already (a queue has one wake-up at a time: the earliest; Tick
-  // asks for the next one).
-  void WakeAt(WorkQueue* queue, absl::Time when) ABSL_LOCKS_EXCLUDED(mu_);
-  // Drops the queue's turns and wake-up, and waits for a RunOne or Tick of it in progress on
-  // another thread (Schedule and WakeAt for it do nothing meanwhile). After it returns, the pool
-  // never calls the queue again. REQUIRES: not called from the queue's own RunOne or Tick.
-  void Detach(WorkQueue* queue) ABSL_LOCKS_EXCLUDED(mu_);
-
+  // Runs call(client) with mu_ released, counted in running_.
+  void Call(Client* client, const std::function<void(Client*)>& call)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunWorker() ABSL_LOCKS_EXCLUDED(mu_);
   void RunTimer() ABSL_LOCKS_EXCLUDED(mu_);
   bool HasTurnLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !turns_.empty() || stop_; }
@@ -96,16 +114,17 @@ class WorkerPool {
 
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  // Queues waiting for a worker, one entry per turn.
-  std::deque<WorkQueue*> turns_ ABSL_GUARDED_BY(mu_);
-  // Wake-ups: each queue's, and the same ordered by time.
-  std::map<WorkQueue*, absl::Time> wake_ ABSL_GUARDED_BY(mu_);
-  std::set<std::pair<absl::Time, WorkQueue*>> wake_by_time_ ABSL_GUARDED_BY(mu_);
+  // Clients waiting for a worker, one entry per turn.
+  std::deque<Client*> turns_ ABSL_GUARDED_BY(mu_);
+  // Wake-ups: each client's, and the same ordered by time.
+  std::map<Client*, absl::Time> wake_ ABSL_GUARDED_BY(mu_);
+  std::set<std::pair<absl::Time, Client*>> wake_by_time_ ABSL_GUARDED_BY(mu_);
   bool timer_wakeup_ ABSL_GUARDED_BY(mu_) = false;  // the earliest wake-up changed
-  // Calls in progress per queue (RunOne on a worker, Tick on the timer), for Detach.
-  std::map<WorkQueue*, int> running_ ABSL_GUARDED_BY(mu_);
-  // Queues that Detach is waiting for: no new turn or wake-up is taken for them.
-  absl::flat_hash_set<WorkQueue*> detaching_ ABSL_GUARDED_BY(mu_);
+  // Calls in progress per client (RunTurn on a worker, Tick on the timer), for Detach; an entry
+  // is erased when its count falls to 0.
+  std::map<Client*, int> running_ ABSL_GUARDED_BY(mu_);
+  // Clients that Detach is waiting for: no new turn or wake-up is taken for them.
+  absl::flat_hash_set<Client*> detaching_ ABSL_GUARDED_BY(mu_);
 
   std::vector<std::thread> workers_;  // set by Create, joined by the destructor
   std::thread timer_;

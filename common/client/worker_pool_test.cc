@@ -1,6 +1,5 @@
 #include "common/client/worker_pool.h"
 
-#include <dirent.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -20,6 +19,7 @@ namespace {
 
 using ::shardcache::testing::Eventually;
 using ::shardcache::testing::StatusIs;
+using ::shardcache::testing::ThreadsOfThisProcess;
 
 constexpr absl::Duration kTimeout = absl::Seconds(20);
 
@@ -39,15 +39,6 @@ std::unique_ptr<WorkQueue> MakeQueue(WorkerPool* pool, const Clock* clock = Real
   absl::StatusOr<std::unique_ptr<WorkQueue>> queue = WorkQueue::Create(std::move(o));
   EXPECT_TRUE(queue.ok()) << queue.status();
   return *std::move(queue);
-}
-
-int ThreadsOfThisProcess() {
-  int n = 0;
-  DIR* dir = opendir("/proc/self/task");
-  if (dir == nullptr) return -1;
-  while (dirent* e = readdir(dir)) n += e->d_name[0] != '.' ? 1 : 0;
-  closedir(dir);
-  return n;
 }
 
 TEST(WorkerPoolTest, RefusesBadOptions) {
@@ -274,6 +265,48 @@ TEST(WorkerPoolTest, QueuesAddNoThreads) {
   }
   ASSERT_TRUE(Eventually([&] { return calls.load() == 400; }, kTimeout, "400 calls"));
   EXPECT_EQ(ThreadsOfThisProcess(), before);
+}
+
+// A Client that detaches itself from inside its own turn (as an informer's handler that removes
+// itself does): Detach returns at once, and the pool never calls it again.
+TEST(WorkerPoolTest, DetachFromInsideItsOwnTurnReturnsAtOnce) {
+  // One worker, busy with the client's turn: the turn it queues cannot start before the Detach.
+  FakeClock clock;
+  std::unique_ptr<WorkerPool> pool = MakePool(1, &clock);
+  struct SelfDetaching final : WorkerPool::Client {
+    WorkerPool* pool = nullptr;
+    const Clock* clock = nullptr;
+    std::atomic<int> turns{0};
+    std::atomic<int> ticks{0};
+    absl::Notification detached;
+    void RunTurn() override {
+      if (++turns > 1) return;
+      pool->Schedule(this);                                 // queued, then dropped by Detach
+      pool->WakeAt(this, clock->Now() + absl::Seconds(1));  // likewise
+      pool->Detach(this);
+      detached.Notify();
+    }
+    void Tick(absl::Time) override { ++ticks; }
+  };
+  SelfDetaching client;
+  client.pool = pool.get();
+  client.clock = &clock;
+  pool->Schedule(&client);
+  ASSERT_TRUE(client.detached.WaitForNotificationWithTimeout(kTimeout));
+  // Another client's turns and wake-ups still run, after the dropped ones' time: the pool is not
+  // stuck, and the detached client is not called.
+  std::unique_ptr<WorkQueue> queue = MakeQueue(pool.get(), &clock);
+  std::atomic<int> calls{0};
+  queue->Process(1, [&](const std::string&) { ++calls; });
+  queue->AddAfter("k", absl::Seconds(2));
+  clock.Advance(absl::Seconds(2));
+  ASSERT_TRUE(Eventually([&] { return calls.load() == 1; }, kTimeout, "the other queue's key"));
+  queue->Add("k2");
+  ASSERT_TRUE(Eventually([&] { return calls.load() == 2; }, kTimeout, "the other queue's key 2"));
+  EXPECT_EQ(client.turns.load(), 1);
+  EXPECT_EQ(client.ticks.load(), 0);
+  pool->Detach(&client);  // from outside, after: nothing to wait for
+  queue.reset();
 }
 
 }  // namespace

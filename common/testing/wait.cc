@@ -1,5 +1,6 @@
 #include "common/testing/wait.h"
 
+#include <dirent.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -72,6 +73,15 @@ grpc::Status RetryingUnavailable(const std::function<grpc::Status()>& call, int 
     if (s.error_code() != grpc::StatusCode::UNAVAILABLE) break;
   }
   return s;
+}
+
+int ThreadsOfThisProcess() {
+  DIR* dir = opendir("/proc/self/task");
+  if (dir == nullptr) return -1;
+  int n = 0;
+  while (dirent* e = readdir(dir)) n += e->d_name[0] != '.' ? 1 : 0;
+  closedir(dir);
+  return n;
 }
 
 }  // namespace shardcache::testing

@@ -51,6 +51,9 @@ pid_t ThisThreadId();
 //   Eventually([&] { return returned || ThreadAsleep(tid); }, ...), then EXPECT_FALSE(returned).
 bool ThreadAsleep(pid_t tid);
 
+// How many threads this process has now (entries of /proc/self/task); -1 if it cannot be read.
+int ThreadsOfThisProcess();
+
 // A client context whose deadline is `timeout` from now, and that waits for the channel to
 // become ready (wait_for_ready) instead of failing at once with UNAVAILABLE while the server is
 // (re)starting: an RPC fails only when the server is not up by the deadline.
