@@ -66,23 +66,50 @@ void FilteringResourceEventHandler::OnDelete(const ObjectRef& object) {
 
 // ---- Internal state ----
 
-// A registration's bounded buffer and the state its delivery thread keeps.
-class SharedInformer::Listener {
+// A registration's bounded buffer and the state its delivery thread (or its turns on the pool)
+// keeps.
+class SharedInformer::Listener final : public WorkerPool::Client,
+                                       public std::enable_shared_from_this<Listener> {
  public:
-  struct Change {
-    ObjectRef object;
-    bool deleted = false;
-  };
-
   Listener(int64_t id, std::shared_ptr<ResourceEventHandler> handler, size_t capacity,
-           absl::Duration resync_period)
-      : id(id), handler(std::move(handler)), capacity(capacity), resync_period(resync_period) {}
+           absl::Duration resync_period, std::weak_ptr<SharedInformer> informer, WorkerPool* pool)
+      : id(id),
+        handler(std::move(handler)),
+        capacity(capacity),
+        resync_period(resync_period),
+        informer(std::move(informer)),
+        pool(pool) {}
+
+  // On a pool: asks for a turn, unless one is queued or running or the registration is removed.
+  // Called whenever work may have come (a change, a resync, the informer's stop).
+  void WakeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (pool == nullptr || scheduled || removed.load()) return;
+    scheduled = true;
+    pool->Schedule(this);
+  }
+
+  // WorkerPool::Client. A turn keeps the listener and its informer alive while it runs.
+  void RunTurn() override {
+    std::shared_ptr<Listener> self = shared_from_this();
+    if (std::shared_ptr<SharedInformer> owner = informer.lock()) {
+      owner->DeliverTurn(this);
+      return;
+    }
+    absl::MutexLock l(&mu);
+    scheduled = false;
+  }
+  void Tick(absl::Time) override {
+    absl::MutexLock l(&mu);
+    WakeLocked();
+  }
 
   // Constant after construction.
   const int64_t id;
   const std::shared_ptr<ResourceEventHandler> handler;
   const size_t capacity;
   const absl::Duration resync_period;
+  const std::weak_ptr<SharedInformer> informer;
+  WorkerPool* const pool;  // null: a delivery thread
 
   // Set (also under mu) by the remover; read before every call of the handler.
   std::atomic<bool> removed{false};
@@ -97,8 +124,10 @@ class SharedInformer::Listener {
   // The queue was dropped (or never filled): the handler must be brought to the cache's state.
   bool needs_resync ABSL_GUARDED_BY(mu) = true;
   bool informer_stopped ABSL_GUARDED_BY(mu) = false;
+  // On a pool: a turn is queued or running (there is never more than one).
+  bool scheduled ABSL_GUARDED_BY(mu) = false;
 
-  // Used only by the delivery thread: what the handler has been told, by key.
+  // Used only by the delivery thread (or the one turn): what the handler has been told, by key.
   absl::flat_hash_map<std::string, ObjectRef> view;
   absl::Time next_resync = absl::InfiniteFuture();
 };
@@ -135,8 +164,11 @@ absl::StatusOr<std::shared_ptr<SharedInformer>> SharedInformer::Create(
     return absl::InvalidArgumentError("options.handler_buffer: must be positive");
   }
   std::string name = options.name.empty() ? lw->Describe() : options.name;
+  if (options.pool != nullptr && options.pool->clock() != options.clock) {
+    return absl::InvalidArgumentError("options.pool: runs on another clock than options.clock");
+  }
   std::shared_ptr<SharedInformer> informer(
-      new SharedInformer(name, options.clock, options.handler_buffer));
+      new SharedInformer(name, options.clock, options.handler_buffer, options.pool));
   for (auto& [index, func] : options.indexers) {
     if (absl::Status s = informer->store_.AddIndex(index, func); !s.ok()) {
       return absl::InvalidArgumentError(
@@ -156,12 +188,14 @@ absl::StatusOr<std::shared_ptr<SharedInformer>> SharedInformer::Create(
   return informer;
 }
 
-SharedInformer::SharedInformer(std::string name, const Clock* clock, size_t handler_buffer)
-    : name_(std::move(name)), clock_(clock), handler_buffer_(handler_buffer) {}
+SharedInformer::SharedInformer(std::string name, const Clock* clock, size_t handler_buffer,
+                               WorkerPool* pool)
+    : name_(std::move(name)), clock_(clock), handler_buffer_(handler_buffer), pool_(pool) {}
 
 SharedInformer::~SharedInformer() {
   if (reflector_ != nullptr) Stop();
   std::vector<std::thread> threads;
+  std::vector<std::shared_ptr<Listener>> listeners;
   {
     absl::MutexLock l(&mu_);
     for (const std::shared_ptr<Listener>& listener : listeners_) {
@@ -169,7 +203,12 @@ SharedInformer::~SharedInformer() {
       listener->removed = true;
       threads.push_back(std::move(listener->thread));
     }
-    listeners_.clear();
+    listeners.swap(listeners_);
+  }
+  // A turn holds a reference too: only the one running this destructor (if any) can be in
+  // progress, and Detach does not wait for that one.
+  if (pool_ != nullptr) {
+    for (const std::shared_ptr<Listener>& listener : listeners) pool_->Detach(listener.get());
   }
   // Every delivery thread holds a reference: only the one running this destructor (if any) can
   // still be alive.
@@ -274,10 +313,15 @@ absl::StatusOr<std::unique_ptr<SharedInformer::Registration>> SharedInformer::Ad
         "informer (e.g. from DynamicInformerFactory::ForResource) and add it there"));
   }
   auto listener = std::make_shared<Listener>(next_listener_id_++, std::move(handler), capacity,
-                                             options.resync_period);
+                                             options.resync_period, weak_from_this(), pool_);
   listeners_.push_back(listener);
-  listener->thread =
-      std::thread([self = shared_from_this(), listener] { self->Deliver(listener); });
+  if (pool_ == nullptr) {
+    listener->thread =
+        std::thread([self = shared_from_this(), listener] { self->Deliver(listener); });
+  } else {
+    absl::MutexLock b(&listener->mu);
+    listener->WakeLocked();  // its first turn brings it the cache's content
+  }
   return std::unique_ptr<Registration>(new Registration(weak_from_this(), listener));
 }
 
@@ -308,6 +352,8 @@ absl::Status SharedInformer::RemoveEventHandler(Registration* registration) {
       thread.join();  // waits for a call in progress; the thread then sees `removed` and ends
     }
   }
+  // Waits for a turn in progress, unless called from inside it (that turn then sees `removed`).
+  if (pool_ != nullptr) pool_->Detach(listener);
   return absl::OkStatus();
 }
 
@@ -322,6 +368,7 @@ void SharedInformer::Replace(std::vector<ObjectRef> objects, const std::string&)
     absl::MutexLock b(&listener->mu);
     listener->queue.clear();
     listener->needs_resync = true;
+    listener->WakeLocked();
   }
 }
 
@@ -364,6 +411,7 @@ void SharedInformer::EnqueueLocked(const ObjectRef& object, bool deleted) {
     if (listener->queue.size() >= listener->capacity) {
       listener->queue.clear();
       listener->needs_resync = true;
+      listener->WakeLocked();
       listener->overflows.fetch_add(1);
       spdlog::warn(
           "informer {}: handler #{} is {} events behind (its buffer is full): its pending events "
@@ -371,7 +419,8 @@ void SharedInformer::EnqueueLocked(const ObjectRef& object, bool deleted) {
           name_, listener->id, listener->capacity);
       continue;
     }
-    listener->queue.push_back(Listener::Change{object, deleted});
+    listener->queue.push_back(Change{object, deleted});
+    listener->WakeLocked();
   }
 }
 
@@ -388,6 +437,7 @@ void SharedInformer::MarkStopped(absl::Status reason) {
     for (const std::shared_ptr<Listener>& listener : listeners_) {
       absl::MutexLock b(&listener->mu);
       listener->informer_stopped = true;
+      listener->WakeLocked();  // to deliver what it has queued, and end
     }
   }
   if (final_reason.code() == absl::StatusCode::kCancelled) {
@@ -400,27 +450,78 @@ void SharedInformer::MarkStopped(absl::Status reason) {
   stop_callbacks_.Close(final_reason);
 }
 
-// ---- Delivery (a registration's thread) ----
+// ---- Delivery (a registration's thread or turns) ----
+
+SharedInformer::Work SharedInformer::TakeWork(Listener* l, Change* change) {
+  if (l->removed.load()) return Work::kEnd;
+  if (l->needs_resync) return Work::kResync;
+  if (l->resync_period > absl::ZeroDuration() && l->synced.load() &&
+      clock_->Now() >= l->next_resync) {
+    return Work::kPeriodic;
+  }
+  if (!l->queue.empty()) {
+    *change = std::move(l->queue.front());
+    l->queue.pop_front();
+    return Work::kChange;
+  }
+  // Stopped, and everything queued was delivered.
+  return l->informer_stopped ? Work::kEnd : Work::kNone;
+}
+
+bool SharedInformer::DoWork(Listener* l, Work work, Change change) {
+  ResourceEventHandler* handler = l->handler.get();
+  switch (work) {
+    case Work::kNone:
+    case Work::kEnd:
+      break;
+    case Work::kResync:
+      return Resync(l);
+    case Work::kPeriodic: {
+      std::vector<ObjectRef> known;
+      known.reserve(l->view.size());
+      for (const auto& [key, object] : l->view) known.push_back(object);
+      for (const ObjectRef& object : known) {
+        if (l->removed.load()) return false;
+        handler->OnUpdate(object, object);
+      }
+      l->next_resync = clock_->Now() + l->resync_period;
+      break;
+    }
+    case Work::kChange: {
+      std::string key = ObjectKey(change.object->metadata());
+      if (change.deleted) {
+        auto it = l->view.find(key);
+        if (it == l->view.end()) break;  // it never saw the object
+        l->view.erase(it);
+        if (l->removed.load()) return false;
+        handler->OnDelete(change.object);
+      } else {
+        auto [it, inserted] = l->view.try_emplace(key, change.object);
+        if (l->removed.load()) return false;
+        if (inserted) {
+          handler->OnAdd(change.object, false);
+        } else {
+          ObjectRef old = std::exchange(it->second, change.object);
+          handler->OnUpdate(old, change.object);
+        }
+      }
+      break;
+    }
+  }
+  return true;
+}
 
 void SharedInformer::Deliver(const std::shared_ptr<Listener>& listener_ref) {
   Listener* l = listener_ref.get();
-  ResourceEventHandler* handler = l->handler.get();
   while (true) {
-    enum class Work { kResync, kPeriodic, kChange } work;
-    Listener::Change change;
+    Work work;
+    Change change;
     {
       absl::MutexLock lock(&l->mu);
       auto ready = [l]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(l->mu) {
         return l->removed.load() || l->needs_resync || !l->queue.empty() || l->informer_stopped;
       };
-      bool periodic = false;
-      while (true) {
-        if (l->resync_period > absl::ZeroDuration() && l->synced.load() &&
-            clock_->Now() >= l->next_resync) {
-          periodic = true;
-          break;
-        }
-        if (ready()) break;
+      while ((work = TakeWork(l, &change)) == Work::kNone) {
         // Until the next periodic resync (when due), or new work.
         absl::Time deadline = absl::InfiniteFuture();
         if (l->resync_period > absl::ZeroDuration() && l->synced.load()) {
@@ -428,56 +529,37 @@ void SharedInformer::Deliver(const std::shared_ptr<Listener>& listener_ref) {
         }
         clock_->AwaitWithDeadline(&l->mu, absl::Condition(&ready), deadline);
       }
-      if (l->removed.load()) return;
-      if (l->needs_resync) {
-        work = Work::kResync;
-      } else if (periodic) {
-        work = Work::kPeriodic;
-      } else if (!l->queue.empty()) {
-        change = std::move(l->queue.front());
-        l->queue.pop_front();
-        work = Work::kChange;
-      } else {
-        return;  // the informer stopped and everything queued was delivered
+    }
+    if (work == Work::kEnd || !DoWork(l, work, std::move(change))) return;
+  }
+}
+
+void SharedInformer::DeliverTurn(Listener* l) {
+  for (int i = 0; i < kEventsPerTurn; ++i) {
+    Work work;
+    Change change;
+    {
+      absl::MutexLock lock(&l->mu);
+      work = TakeWork(l, &change);
+      if (work == Work::kNone || work == Work::kEnd) {
+        l->scheduled = false;
+        if (work == Work::kNone && l->resync_period > absl::ZeroDuration() && l->synced.load() &&
+            !l->removed.load()) {
+          pool_->WakeAt(l, l->next_resync);
+        }
+        return;
       }
     }
-    switch (work) {
-      case Work::kResync:
-        if (!Resync(l)) return;
-        break;
-      case Work::kPeriodic: {
-        std::vector<ObjectRef> known;
-        known.reserve(l->view.size());
-        for (const auto& [key, object] : l->view) known.push_back(object);
-        for (const ObjectRef& object : known) {
-          if (l->removed.load()) return;
-          handler->OnUpdate(object, object);
-        }
-        l->next_resync = clock_->Now() + l->resync_period;
-        break;
-      }
-      case Work::kChange: {
-        std::string key = ObjectKey(change.object->metadata());
-        if (change.deleted) {
-          auto it = l->view.find(key);
-          if (it == l->view.end()) break;  // it never saw the object
-          l->view.erase(it);
-          if (l->removed.load()) return;
-          handler->OnDelete(change.object);
-        } else {
-          auto [it, inserted] = l->view.try_emplace(key, change.object);
-          if (l->removed.load()) return;
-          if (inserted) {
-            handler->OnAdd(change.object, false);
-          } else {
-            ObjectRef old = std::exchange(it->second, change.object);
-            handler->OnUpdate(old, change.object);
-          }
-        }
-        break;
-      }
+    if (!DoWork(l, work, std::move(change))) {
+      absl::MutexLock lock(&l->mu);
+      l->scheduled = false;
+      return;
     }
   }
+  // More may be waiting: the back of the line, after the other registrations' turns.
+  absl::MutexLock lock(&l->mu);
+  l->scheduled = false;
+  l->WakeLocked();
 }
 
 bool SharedInformer::Resync(Listener* l) {

@@ -19,8 +19,11 @@
 //     after a relist; nothing is lost silently (a warning is logged and overflows() counts it),
 //     and neither the reflector nor the other handlers ever wait for a slow handler.
 //
-// Delivery: each registration has its own delivery thread, which calls its handler one event at
-// a time, in order. A handler added late (or before the first list) first receives every object
+// Delivery: each registration has its own delivery thread, or, on a WorkerPool
+// (Options::pool), turns on the pool's threads: a turn delivers up to kEventsPerTurn events and
+// then goes to the back of the pool's line, so that a busy registration does not hold back the
+// others and handlers add no threads. Either way a handler is called one event at a time, in
+// order. A handler added late (or before the first list) first receives every object
 // in the cache as OnAdd(object, is_initial_list=true); its HasSynced() turns true once it has
 // been given that initial list of a synced informer. After a relist, a handler receives the
 // difference between what it saw and the new list. With HandlerOptions::resync_period, every
@@ -29,8 +32,8 @@
 // Lifetime: the informer stops when its reflector stops for good (e.g. NOT_FOUND: the resource's
 // definition was deleted) or on Stop(). Then it never restarts: a user needs a new informer.
 // After a stop, each registration still delivers the events it had queued, then its thread
-// ends. Each delivery thread holds a reference to the informer while it runs. The cache keeps
-// the last state the informer saw, which may be stale: a watch that (re)starts after a
+// ends. Each delivery thread (or turn) holds a reference to the informer while it runs. The cache
+// keeps the last state the informer saw, which may be stale: a watch that (re)starts after a
 // definition was deleted gets NOT_FOUND at once, without the DELETED events. Treat a stopped
 // informer's content as unknown.
 //
@@ -57,6 +60,7 @@
 #include "common/client/lister_watcher.h"
 #include "common/client/reflector.h"
 #include "common/client/thread_safe_store.h"
+#include "common/client/worker_pool.h"
 #include "common/clock.h"
 
 namespace shardcache {
@@ -115,7 +119,15 @@ class SharedInformer : public std::enable_shared_from_this<SharedInformer>, priv
     std::map<std::string, ThreadSafeStore::IndexFunc> indexers;
     // The buffer of each handler, in events, unless its HandlerOptions say otherwise.
     size_t handler_buffer = 1024;
+    // Null: each registration has a delivery thread of its own. Set: the registrations are
+    // delivered on the pool's threads, and their periodic resyncs wait on its timer (its clock
+    // must be `clock`). Not owned; must outlive the informer. A handler that blocks holds one of
+    // the pool's threads meanwhile.
+    WorkerPool* pool = nullptr;
   };
+
+  // On a pool, the events a registration is given in one turn before the others get theirs.
+  static constexpr int kEventsPerTurn = 64;
 
   struct HandlerOptions {
     // Events this handler may have waiting before it is resynced instead; 0: the informer's
@@ -126,7 +138,7 @@ class SharedInformer : public std::enable_shared_from_this<SharedInformer>, priv
     absl::Duration resync_period = absl::ZeroDuration();
   };
 
-  class Listener;  // a registration's buffer and delivery thread (internal)
+  class Listener;  // a registration's buffer and delivery thread or turns (internal)
 
   // One handler's registration. Destroying it removes the handler (as RemoveEventHandler).
   class Registration {
@@ -215,7 +227,7 @@ class SharedInformer : public std::enable_shared_from_this<SharedInformer>, priv
   const Reflector& reflector() const { return *reflector_; }
 
  private:
-  SharedInformer(std::string name, const Clock* clock, size_t handler_buffer);
+  SharedInformer(std::string name, const Clock* clock, size_t handler_buffer, WorkerPool* pool);
 
   // ReflectorSink: called on the reflector's thread.
   void Replace(std::vector<ObjectRef> objects, const std::string& resource_version) override;
@@ -230,8 +242,22 @@ class SharedInformer : public std::enable_shared_from_this<SharedInformer>, priv
   void EnqueueLocked(const ObjectRef& object, bool deleted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks the informer stopped and runs the stop callbacks (if this call stopped it).
   void MarkStopped(absl::Status reason) ABSL_LOCKS_EXCLUDED(mu_);
-  // A registration's delivery loop.
+  // What a registration is to do next: nothing yet, nothing ever again (removed, or stopped with
+  // everything delivered), or one step (a change is taken from its buffer).
+  enum class Work { kNone, kEnd, kResync, kPeriodic, kChange };
+  // One change in a registration's buffer.
+  struct Change {
+    ObjectRef object;
+    bool deleted = false;
+  };
+  // REQUIRES: listener->mu held (not annotated: Listener is defined in the .cc file).
+  Work TakeWork(Listener* listener, Change* change) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // Does one step of a registration's work. False if it was removed meanwhile.
+  bool DoWork(Listener* listener, Work work, Change change);
+  // A registration's delivery thread.
   void Deliver(const std::shared_ptr<Listener>& listener);
+  // A registration's turn on the pool.
+  void DeliverTurn(Listener* listener);
   // Brings a registration's handler to the cache's current state. False if it was removed.
   bool Resync(Listener* listener);
 
@@ -239,6 +265,7 @@ class SharedInformer : public std::enable_shared_from_this<SharedInformer>, priv
   const std::string name_;
   const Clock* const clock_;
   const size_t handler_buffer_;
+  WorkerPool* const pool_;
   std::unique_ptr<Reflector> reflector_;  // set by Create, then constant
 
   // Provides its own synchronization; written only under mu_, so that each change and the
