@@ -17,6 +17,23 @@ prometheus::Counter& MakeCounter(prometheus::Registry& r, const std::string& nam
   return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
 }
 
+prometheus::Family<prometheus::Histogram>& CommitPhases(prometheus::Registry& r) {
+  return prometheus::BuildHistogram()
+      .Name("shardcache_store_commit_phase_seconds")
+      .Help(
+          "Time the committer spends on each batch, by phase: take (the batch taken from the "
+          "store), write (serialized and written, not synced), sync, publish (made visible and "
+          "handed to the watch cache), complete (the answers).")
+      .Register(r);
+}
+
+prometheus::Histogram& CommitPhase(prometheus::Registry& r, const std::string& phase) {
+  static const prometheus::Histogram::BucketBoundaries kBuckets = {
+      0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001,
+      0.0025,  0.005,    0.01,    0.025,  0.05,    0.1,    0.25};
+  return CommitPhases(r).Add({{"phase", phase}}, kBuckets);
+}
+
 }  // namespace
 
 StoreMetrics::StoreMetrics(std::shared_ptr<prometheus::Registry> registry)
@@ -40,6 +57,18 @@ StoreMetrics::StoreMetrics(std::shared_ptr<prometheus::Registry> registry)
               .Add({}, prometheus::Histogram::BucketBoundaries{0.0005, 0.001, 0.0025, 0.005, 0.01,
                                                                0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
                                                                5})),
+      commit_take_seconds(CommitPhase(*registry, "take")),
+      commit_write_seconds(CommitPhase(*registry, "write")),
+      commit_sync_seconds(CommitPhase(*registry, "sync")),
+      commit_publish_seconds(CommitPhase(*registry, "publish")),
+      commit_complete_seconds(CommitPhase(*registry, "complete")),
+      commit_batch_events(
+          prometheus::BuildHistogram()
+              .Name("shardcache_store_commit_batch_events")
+              .Help("Events in each committed batch.")
+              .Register(*registry)
+              .Add({}, prometheus::Histogram::BucketBoundaries{0, 1, 2, 4, 8, 16, 32, 64, 128, 256,
+                                                               512, 1024, 4096})),
       watchers_parked(MakeGauge(*registry, "shardcache_store_watchers_parked",
                                 "Watchers whose queue filled: parked, to be caught up from the "
                                 "history window.")),

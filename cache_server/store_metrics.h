@@ -34,6 +34,17 @@ class StoreMetrics {
   prometheus::Counter& writes;             // committed writes
   // How long each durable commit took: one batch of writes written and synced to disk.
   prometheus::Histogram& commit_seconds;
+  // Where the committer's time goes, per batch (shardcache_store_commit_phase_seconds{phase}):
+  // taking the batch (waiting for the owner's operation lock included), writing it (serialized
+  // into the storage's form and written, not yet synced), syncing it, publishing it (the owner's
+  // OnDurable, with its compaction, and the WatchCache), and running its completions.
+  prometheus::Histogram& commit_take_seconds;
+  prometheus::Histogram& commit_write_seconds;
+  prometheus::Histogram& commit_sync_seconds;
+  prometheus::Histogram& commit_publish_seconds;
+  prometheus::Histogram& commit_complete_seconds;
+  // Events per committed batch.
+  prometheus::Histogram& commit_batch_events;
   // Watchers parked (their queue filled; caught up from the history later), watchers ended
   // because the history moved past them, and events delivered to parked watchers from it.
   prometheus::Gauge& watchers_parked;
