@@ -15,13 +15,14 @@
 //   first page's revision, and a Watch can start from any revision inside the window. Older
 //   versions are compacted away as events leave the window (by count and by age).
 // - Durability with group commit (group_committer.h): a write is applied in memory under the
-//   store's lock (so later writes see it), then its completion waits for the committer thread,
-//   which writes everything that arrived since its last sync as one Storage batch. Only then is the
-//   write acknowledged, its event published to the WatchCache (in revision order), and its revision
-//   made visible to readers: Get, List and Watch read at the durable revision, so nobody sees a
-//   change that a crash could take back. A failed Storage write stops the process (memory is ahead
-//   of disk). While the storage has no room (Storage::CheckSpace), creates and updates are refused
-//   with RESOURCE_EXHAUSTED (reason NO_SPACE) before they change anything.
+//   store's lock (so later writes see it), then its completion waits for the committer, which
+//   writes everything that arrived since it last took a batch as one Storage batch, and syncs it.
+//   Only once it is synced is the write acknowledged, its event published to the WatchCache (in
+//   revision order), and its revision made visible to readers: Get, List and Watch read at the
+//   durable revision, so nobody sees a change that a crash could take back. A failed Storage write
+//   or sync stops the process (memory is ahead of disk). While the storage has no room
+//   (Storage::CheckSpace), creates and updates are refused with RESOURCE_EXHAUSTED (reason
+//   NO_SPACE) before they change anything.
 // - A watcher is registered under the store's lock with its starting snapshot at the durable
 //   revision, so that no event falls between the two.
 // - Identity: a store has an id (store_id()), made when its data was created and kept across

@@ -222,6 +222,19 @@ absl::StatusOr<PersistedState> RocksDbStorage::Load() {
 }
 
 absl::Status RocksDbStorage::Commit(const CommitBatch& batch) {
+  return WriteBatchOf(batch, options_.sync);
+}
+
+absl::Status RocksDbStorage::Write(const CommitBatch& batch) {
+  return WriteBatchOf(batch, /*sync=*/false);
+}
+
+absl::Status RocksDbStorage::Sync() {
+  if (!options_.sync) return absl::OkStatus();
+  return FromRocks(db_->SyncWAL(), "syncing the data directory");
+}
+
+absl::Status RocksDbStorage::WriteBatchOf(const CommitBatch& batch, bool sync) {
   rocksdb::WriteBatch wb;
   storage::v1::StoredEvent stored;
   std::string buf;
@@ -253,7 +266,7 @@ absl::Status RocksDbStorage::Commit(const CommitBatch& batch) {
   wb.Put(kRevisionKey, absl::StrCat(batch.revision));
   wb.Put(kCompactedKey, absl::StrCat(batch.compacted_revision));
   rocksdb::WriteOptions wo;
-  wo.sync = options_.sync;
+  wo.sync = sync;
   absl::Status written = FromRocks(db_->Write(wo, &wb), "writing to the data directory");
   if (written.ok()) compacted_revision_ = batch.compacted_revision;
   return written;

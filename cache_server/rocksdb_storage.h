@@ -9,9 +9,12 @@
 //   o/<group/resource>\0<key> a live object (shardcache.v1.Object)
 //   e/<revision, 8 bytes BE>  an event of the history window (shardcache.storage.v1.StoredEvent)
 //   f/<shard>                 the highest fencing epoch seen for the shard (decimal)
-// Each CommitBatch is one RocksDB WriteBatch, written with sync=true unless `sync` is false;
-// concurrent callers are not needed for group commit: the ObjectStore's committer already batches
-// every write that arrived while the previous batch was being synced.
+// Each CommitBatch is one RocksDB WriteBatch. Commit writes it with sync=true unless `sync` is
+// false. Write writes it unsynced (to the write-ahead log's file and the memtable) and Sync syncs
+// the write-ahead log (DB::SyncWAL, which RocksDB allows while a Write runs; nothing unless
+// `sync`): the ObjectStore's committer writes the next batch while one is being synced. Concurrent
+// writers are not needed for group commit (RocksDB's enable_pipelined_write and two_write_queues
+// serve many writer threads): the committer already batches every write that arrived during a sync.
 //
 // Space: a write is refused (CheckSpace: RESOURCE_EXHAUSTED, reason NO_SPACE) while the disk
 // of the data directory has less than Options::min_free_bytes free, as etcd refuses writes beyond
@@ -68,15 +71,20 @@ class RocksDbStorage : public Storage {
 
   absl::StatusOr<PersistedState> Load() override;
   absl::Status Commit(const CommitBatch& batch) override;
+  absl::Status Write(const CommitBatch& batch) override;
+  absl::Status Sync() override;
   absl::Status CheckSpace() override ABSL_LOCKS_EXCLUDED(space_mu_);
 
  private:
   RocksDbStorage(Options options, std::unique_ptr<rocksdb::DB> db);
   absl::Status Damaged(const std::string& what) const;
+  // Writes `batch` as one WriteBatch, synced if `sync`.
+  absl::Status WriteBatchOf(const CommitBatch& batch, bool sync);
 
   const Options options_;
   std::unique_ptr<rocksdb::DB> db_;
-  // The compacted revision as last written (events up to it are already deleted).
+  // The compacted revision as last written (events up to it are already deleted). Only Load and
+  // the writing thread touch it.
   int64_t compacted_revision_ = 1;
 
   absl::Mutex space_mu_;

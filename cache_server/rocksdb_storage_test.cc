@@ -83,6 +83,50 @@ TEST(RocksDbStorageTest, Commit_SurvivesReopen) {
   EXPECT_EQ(state->epochs.at("s1"), 4);
 }
 
+// Write and Sync, the committer's two halves of Commit; an event record carries both objects
+// whole, here larger than 127 bytes (a length of two bytes on the wire).
+TEST(RocksDbStorageTest, WriteThenSync_SurvivesReopen_EveryFieldOfTheEvent) {
+  std::string dir = MakeTempDir("rocks");
+  EventPtr a = MakeEvent(2, v1::WatchEvent::ADDED, "a");
+  auto changed = std::make_shared<v1::Object>(*a->object);
+  changed->mutable_metadata()->set_resource_version("3");
+  (*changed->mutable_metadata()->mutable_labels())["note"] = std::string(300, 'x');
+  auto modified = std::make_shared<Event>(*MakeEvent(3, v1::WatchEvent::MODIFIED, "a", a->object));
+  modified->object = changed;
+  EventPtr m = modified;
+  {
+    auto storage = RocksDbStorage::Open({dir, true});
+    ASSERT_THAT(storage, IsOk());
+    ASSERT_THAT((*storage)->Load(), IsOk());
+    CommitBatch b1;
+    b1.events = {a};
+    b1.revision = 2;
+    ASSERT_THAT((*storage)->Write(b1), IsOk());
+    CommitBatch b2;
+    b2.events = {m};
+    b2.revision = 3;
+    ASSERT_THAT((*storage)->Write(b2), IsOk());
+    ASSERT_THAT((*storage)->Sync(), IsOk());
+  }
+  auto storage = RocksDbStorage::Open({dir, true});
+  ASSERT_THAT(storage, IsOk());
+  auto state = (*storage)->Load();
+  ASSERT_THAT(state, IsOk());
+  EXPECT_EQ(state->revision, 3);
+  ASSERT_EQ(state->objects.size(), 1u);
+  EXPECT_EQ(state->objects[0].second->SerializeAsString(), changed->SerializeAsString());
+  ASSERT_EQ(state->history.size(), 2u);
+  EXPECT_EQ(state->history[0]->prev, nullptr);
+  const Event& got = *state->history[1];
+  EXPECT_EQ(got.revision, 3);
+  EXPECT_EQ(got.type, v1::WatchEvent::MODIFIED);
+  EXPECT_EQ(got.group_resource, "example.com/widgets");
+  EXPECT_EQ(got.time, absl::FromUnixSeconds(1003));
+  EXPECT_EQ(got.object->SerializeAsString(), changed->SerializeAsString());
+  ASSERT_NE(got.prev, nullptr);
+  EXPECT_EQ(got.prev->SerializeAsString(), a->object->SerializeAsString());
+}
+
 // The identity is made with the directory and read back unchanged; another directory has another.
 // A directory from before identities existed gets one at its first Load and keeps it.
 TEST(RocksDbStorageTest, StoreId_MadeWithTheDirectory_KeptAcrossReopens) {

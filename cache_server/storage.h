@@ -4,8 +4,10 @@
 // The ObjectStore serves every read and watch from memory; Storage is written on the commit path
 // and read once, at start-up.
 //
-// Thread-safety: Load is called once, before any Commit. Commit is called from one thread at a
-// time (the store's committer), in revision order. CheckSpace may be called from any thread.
+// Thread-safety: Load is called once, before any Commit or Write. Commit and Write are called
+// from one thread at a time (the store's committer), in revision order. Sync is called from one
+// thread at a time, which may be another than Write's, while a Write runs (the committer writes
+// the next batch while the last one is being synced). CheckSpace may be called from any thread.
 #ifndef SHARDCACHE_CACHE_SERVER_STORAGE_H_
 #define SHARDCACHE_CACHE_SERVER_STORAGE_H_
 
@@ -58,6 +60,13 @@ class Storage {
   // Applies `batch` atomically; when it returns OK the batch is durable (subject to the
   // backend's sync setting).
   virtual absl::Status Commit(const CommitBatch& batch) = 0;
+  // Commit in two halves, so that one batch can be written while the one before it is synced.
+  // Write applies `batch` atomically, but need not make it durable; Sync makes every batch whose
+  // Write returned before it was called durable (subject to the sync setting). A batch written
+  // after a failed Sync, or whose own Write failed, may or may not survive a crash. Defaults: Write
+  // is Commit, and Sync has nothing to do.
+  virtual absl::Status Write(const CommitBatch& batch) { return Commit(batch); }
+  virtual absl::Status Sync() { return absl::OkStatus(); }
   // Whether there is room for new writes: OK, or RESOURCE_EXHAUSTED with reason NO_SPACE
   // (common/error_info.h) when the disk is nearly full. Cheap (the answer may be about a second
   // old). Thread-safe, unlike Load and Commit.
