@@ -52,6 +52,9 @@ absl::StatusOr<std::unique_ptr<Reflector>> Reflector::Create(std::unique_ptr<Lis
   if (options.watch_idle_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("options.watch_idle_timeout: must not be negative");
   }
+  if (options.pool != nullptr && options.pool->clock() != options.clock) {
+    return absl::InvalidArgumentError("options.pool: runs on another clock than options.clock");
+  }
   absl::StatusOr<Backoff> backoff = Backoff::Create(options.backoff, options.clock);
   if (!backoff.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("options.", backoff.status().message()));
@@ -83,6 +86,7 @@ Reflector::~Reflector() {
   if (thread_.joinable() && thread_.get_id() == std::this_thread::get_id()) thread_.detach();
   // The loop has ended (stopped_ is set before the sink's last call), so the watchdog has too.
   if (watchdog_.joinable()) watchdog_.join();
+  if (options_.pool != nullptr) options_.pool->Detach(&pool_watchdog_);
 }
 
 void Reflector::Start() {
@@ -93,7 +97,7 @@ void Reflector::Start() {
     started_ = true;
   }
   thread_ = std::thread([this] { Run(); });
-  if (options_.watch_idle_timeout > absl::ZeroDuration()) {
+  if (options_.watch_idle_timeout > absl::ZeroDuration() && options_.pool == nullptr) {
     watchdog_ = std::thread([this] { RunWatchdog(); });
   }
 }
@@ -125,6 +129,7 @@ void Reflector::Stop() {
   absl::MutexLock t(&thread_mu_);
   if (thread_.joinable()) thread_.join();
   if (watchdog_.joinable()) watchdog_.join();
+  if (options_.pool != nullptr) options_.pool->Detach(&pool_watchdog_);
 }
 
 bool Reflector::HasSynced() const {
@@ -167,27 +172,36 @@ bool Reflector::WatchdogShouldWake() const {
   return stop_requested_ || stopped_ || stream_generation_ != watchdog_generation_;
 }
 
+absl::Time Reflector::WatchdogCheckLocked(absl::Time now) {
+  // Without an open watch (or with one cancelled already), only a new watch or the end wakes
+  // it; with one, also the moment it will have been idle for the limit if nothing arrives.
+  if (stop_requested_ || stopped_ || current_stream_ == nullptr || idle_cancelled_) {
+    return absl::InfiniteFuture();
+  }
+  if (now - last_activity_ >= options_.watch_idle_timeout) {
+    // Not a word from the store for several bookmark intervals: the connection is most likely
+    // dead without having been reset. The loop reports it once the stream ends.
+    idle_cancelled_ = true;
+    current_stream_->Cancel();
+    return absl::InfiniteFuture();
+  }
+  return last_activity_ + options_.watch_idle_timeout;
+}
+
 void Reflector::RunWatchdog() {
-  const Clock* clock = options_.clock;
-  const absl::Duration limit = options_.watch_idle_timeout;
   absl::MutexLock l(&mu_);
   while (!stop_requested_ && !stopped_) {
-    // Without an open watch (or with one cancelled already), only a new watch or the end wakes
-    // it; with one, also the moment it will have been idle for `limit` if nothing arrives.
-    absl::Time deadline = absl::InfiniteFuture();
-    if (current_stream_ != nullptr && !idle_cancelled_) {
-      if (clock->Now() - last_activity_ >= limit) {
-        // Not a word from the store for several bookmark intervals: the connection is most
-        // likely dead without having been reset. The loop reports it once the stream ends.
-        idle_cancelled_ = true;
-        current_stream_->Cancel();
-        continue;
-      }
-      deadline = last_activity_ + limit;
-    }
+    absl::Time deadline = WatchdogCheckLocked(options_.clock->Now());
     watchdog_generation_ = stream_generation_;
-    clock->AwaitWithDeadline(&mu_, absl::Condition(this, &Reflector::WatchdogShouldWake), deadline);
+    options_.clock->AwaitWithDeadline(&mu_, absl::Condition(this, &Reflector::WatchdogShouldWake),
+                                      deadline);
   }
+}
+
+void Reflector::WatchdogTick(absl::Time now) {
+  absl::MutexLock l(&mu_);
+  absl::Time next = WatchdogCheckLocked(now);
+  if (next != absl::InfiniteFuture()) options_.pool->WakeAt(&pool_watchdog_, next);
 }
 
 void Reflector::Run() {
@@ -327,6 +341,9 @@ Reflector::WatchResult Reflector::WatchOnce() {
     last_activity_ = options_.clock->Now();
     idle_cancelled_ = false;
     ++stream_generation_;
+    if (options_.pool != nullptr && options_.watch_idle_timeout > absl::ZeroDuration()) {
+      options_.pool->WakeAt(&pool_watchdog_, last_activity_ + options_.watch_idle_timeout);
+    }
   }
   watches_started_.fetch_add(1);
   v1::WatchEvent event;

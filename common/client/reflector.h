@@ -32,16 +32,17 @@
 //
 // Liveness: a watch that has received neither an event nor a bookmark for
 // Options::watch_idle_timeout (on the Clock) is taken for dead (a half-open connection, a paused
-// server): a watchdog thread cancels it, and the reflector waits its backoff delay and watches
-// again from its last revision (listing again if the store changed), logged at warning and
-// counted (watch_idle_restarts()). The store sends a bookmark every few seconds (cache_server
+// server): a watchdog (a thread of its own, or a wake-up on Options::pool's timer) cancels it, and
+// the reflector waits its backoff delay and watches again from its last revision (listing again if
+// the store changed), logged at warning and counted (watch_idle_restarts()). The store sends a
+// bookmark every few seconds (cache_server
 // --bookmark-interval) to an idle watch that asked for them (WatchRequest.allow_bookmarks, which
 // StoreListerWatcher sets), so the timeout should be a few of those intervals. Over a
 // ListerWatcher whose watches do not ask, every idle watch would be taken for dead.
 //
 // Threads: Start() runs the loop on a thread of its own (and the watchdog on another, when
-// watch_idle_timeout is set); every ReflectorSink method is called from the loop's thread, one at
-// a time, in order. All public methods are thread-safe.
+// watch_idle_timeout is set and there is no Options::pool); every ReflectorSink method is called
+// from the loop's thread, one at a time, in order. All public methods are thread-safe.
 #ifndef SHARDCACHE_COMMON_CLIENT_REFLECTOR_H_
 #define SHARDCACHE_COMMON_CLIENT_REFLECTOR_H_
 
@@ -59,6 +60,7 @@
 #include "common/backoff.h"
 #include "common/client/lister_watcher.h"
 #include "common/client/thread_safe_store.h"
+#include "common/client/worker_pool.h"
 #include "common/clock.h"
 #include "prometheus/registry.h"
 
@@ -109,6 +111,9 @@ class Reflector {
     //   shardcache_reflector_store_changes_total        lists forced by a change of store
     // Null: no metrics.
     std::shared_ptr<prometheus::Registry> registry;
+    // Set: the watchdog is a wake-up on this pool's timer thread instead of a thread of its own
+    // (the pool's clock must be `clock`). Not owned; must outlive the reflector.
+    WorkerPool* pool = nullptr;
   };
 
   // Validates the options (INVALID_ARGUMENT). `sink` must outlive the reflector.
@@ -175,6 +180,11 @@ class Reflector {
   // The watchdog's loop: cancels the open watch once it has been idle for watch_idle_timeout.
   void RunWatchdog();
   bool WatchdogShouldWake() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The watchdog's check at `now`: cancels the open watch if it has been idle for
+  // watch_idle_timeout, else returns when to look again (InfiniteFuture: when a watch opens).
+  absl::Time WatchdogCheckLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The watchdog on the pool's timer: the check, and the next wake-up.
+  void WatchdogTick(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Constant after construction.
   const std::unique_ptr<ListerWatcher> lw_;
@@ -215,6 +225,18 @@ class Reflector {
   int64_t watchdog_generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool idle_cancelled_ ABSL_GUARDED_BY(mu_) = false;
   std::thread::id loop_thread_id_ ABSL_GUARDED_BY(mu_);
+
+  // The watchdog on Options::pool: its Tick is the watchdog's wake-up.
+  class PoolWatchdog final : public WorkerPool::Client {
+   public:
+    explicit PoolWatchdog(Reflector* reflector) : reflector_(reflector) {}
+    void RunTurn() override {}
+    void Tick(absl::Time now) override { reflector_->WatchdogTick(now); }
+
+   private:
+    Reflector* const reflector_;
+  };
+  PoolWatchdog pool_watchdog_{this};
 };
 
 }  // namespace shardcache

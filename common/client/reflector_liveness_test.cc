@@ -81,7 +81,9 @@ v1::WatchEvent Event(v1::WatchEvent::Type type, const std::string& name, const s
   return e;
 }
 
-class ReflectorLivenessTest : public ::testing::Test {
+// Each test runs twice: with a watchdog thread, and with the watchdog on a WorkerPool's timer
+// (then the pool's timer thread is the one waiting on the clock).
+class ReflectorLivenessTest : public ::testing::TestWithParam<bool> {
  protected:
   void Make(absl::Duration idle_timeout) {
     auto lw = std::make_unique<ScriptedListerWatcher>(&clock_);
@@ -94,6 +96,12 @@ class ReflectorLivenessTest : public ::testing::Test {
     o.backoff.max = absl::Seconds(1);
     o.backoff.jitter = 0;
     o.registry = registry_;
+    if (GetParam()) {
+      auto pool = WorkerPool::Create({.threads = 1, .clock = &clock_});
+      ASSERT_TRUE(pool.ok()) << pool.status();
+      pool_ = *std::move(pool);
+      o.pool = pool_.get();
+    }
     auto r = Reflector::Create(std::move(lw), &sink_, o);
     ASSERT_TRUE(r.ok()) << r.status();
     reflector_ = *std::move(r);
@@ -107,10 +115,16 @@ class ReflectorLivenessTest : public ::testing::Test {
   std::shared_ptr<prometheus::Registry> registry_ = std::make_shared<prometheus::Registry>();
   NamesSink sink_;
   ScriptedListerWatcher* lw_ = nullptr;
+  std::unique_ptr<WorkerPool> pool_;  // outlives the reflector
   std::unique_ptr<Reflector> reflector_;
 };
 
-TEST_F(ReflectorLivenessTest, SilentWatch_IsCancelledAfterTheIdleTimeout_AndResumed) {
+INSTANTIATE_TEST_SUITE_P(Watchdog, ReflectorLivenessTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "OnAPool" : "OwnThread";
+                         });
+
+TEST_P(ReflectorLivenessTest, SilentWatch_IsCancelledAfterTheIdleTimeout_AndResumed) {
   Make(absl::Seconds(15));
   reflector_->Start();
   ASSERT_TRUE(WaitFor([&] { return lw_->streams() == 1; }));
@@ -162,7 +176,7 @@ TEST_F(ReflectorLivenessTest, SilentWatch_IsCancelledAfterTheIdleTimeout_AndResu
   reflector_->Stop();
 }
 
-TEST_F(ReflectorLivenessTest, ZeroIdleTimeout_NeverCancels) {
+TEST_P(ReflectorLivenessTest, ZeroIdleTimeout_NeverCancels) {
   Make(absl::ZeroDuration());
   reflector_->Start();
   ASSERT_TRUE(WaitFor([&] { return lw_->streams() == 1; }));
@@ -176,7 +190,7 @@ TEST_F(ReflectorLivenessTest, ZeroIdleTimeout_NeverCancels) {
   reflector_->Stop();
 }
 
-TEST_F(ReflectorLivenessTest, EventOfAnotherStore_IsNotApplied_AndTheReflectorListsAgain) {
+TEST_P(ReflectorLivenessTest, EventOfAnotherStore_IsNotApplied_AndTheReflectorListsAgain) {
   Make(absl::Seconds(15));
   reflector_->Start();
   ASSERT_TRUE(WaitFor([&] { return lw_->streams() == 1; }));
@@ -212,7 +226,7 @@ TEST_F(ReflectorLivenessTest, EventOfAnotherStore_IsNotApplied_AndTheReflectorLi
 
 // The store's identity in a resumed watch's response headers is enough: the reflector lists again
 // before the stream says anything else.
-TEST_F(ReflectorLivenessTest, HeadersOfAnotherStore_MakeTheReflectorListAgainAtOnce) {
+TEST_P(ReflectorLivenessTest, HeadersOfAnotherStore_MakeTheReflectorListAgainAtOnce) {
   Make(absl::Seconds(15));
   reflector_->Start();
   ASSERT_TRUE(WaitFor([&] { return lw_->streams() == 1; }));
@@ -238,7 +252,7 @@ TEST_F(ReflectorLivenessTest, HeadersOfAnotherStore_MakeTheReflectorListAgainAtO
   reflector_->Stop();
 }
 
-TEST_F(ReflectorLivenessTest, Create_RejectsANegativeIdleTimeout) {
+TEST_P(ReflectorLivenessTest, Create_RejectsANegativeIdleTimeout) {
   FakeClock clock;
   Reflector::Options o;
   o.watch_idle_timeout = absl::Seconds(-1);

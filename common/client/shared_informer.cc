@@ -177,6 +177,7 @@ absl::StatusOr<std::shared_ptr<SharedInformer>> SharedInformer::Create(
   }
   Reflector::Options ro = options.reflector;
   ro.clock = options.clock;
+  ro.pool = options.pool;
   ro.name = name;
   absl::StatusOr<std::unique_ptr<Reflector>> reflector =
       Reflector::Create(std::move(lw), static_cast<ReflectorSink*>(informer.get()), ro);
