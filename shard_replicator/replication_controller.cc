@@ -47,6 +47,9 @@ struct ReplicationController::Shared {
   // forgotten, as soon as the writer can write again (one WhenAvailable callback for all).
   std::set<std::string> parked ABSL_GUARDED_BY(mu);
   bool parked_waiting ABSL_GUARDED_BY(mu) = false;
+  // Keys handed out before both informers had listed: reconciled once they have (a missing local
+  // object would otherwise read as deleted, and its copy be deleted).
+  std::set<std::string> deferred ABSL_GUARDED_BY(mu);
 
   // A write of `key` failed because the cache cannot be reached: retry it when it can.
   void Park(const std::string& key, const std::shared_ptr<Shared>& self) ABSL_LOCKS_EXCLUDED(mu) {
@@ -85,6 +88,11 @@ std::pair<std::string, std::string> SplitQueueKey(const std::string& key) {
 }
 
 enum class Outcome { kDone, kWriting, kRetry };
+
+// Not a key of an object ("namespace\0name"): how a controller whose informers have not listed
+// yet looks again.
+constexpr char kSyncCheckKey[] = "\x01informers-synced";
+constexpr absl::Duration kSyncCheckPeriod = absl::Milliseconds(20);
 
 }  // namespace
 
@@ -286,6 +294,26 @@ std::shared_ptr<ResourceEventHandler> ReplicationController::Handler(bool local_
 }
 
 void ReplicationController::Process(const std::string& key) {
+  if (!local_->HasSynced() || !cache_->HasSynced()) {
+    // Not yet: the key waits, and one check key polls until both have listed.
+    bool first = false;
+    if (key != kSyncCheckKey) {
+      absl::MutexLock l(&shared_->mu);
+      first = shared_->deferred.empty();
+      shared_->deferred.insert(key);
+    }
+    if (first || key == kSyncCheckKey) shared_->queue->AddAfter(kSyncCheckKey, kSyncCheckPeriod);
+    return;
+  }
+  if (key == kSyncCheckKey) {
+    std::set<std::string> deferred;
+    {
+      absl::MutexLock l(&shared_->mu);
+      deferred.swap(shared_->deferred);
+    }
+    for (const std::string& k : deferred) shared_->queue->Add(k);
+    return;
+  }
   absl::Time start = options_.clock->Now();
   if (Reconcile(key)) shared_->queue->Forget(key);
   if (options_.metrics != nullptr) {

@@ -14,6 +14,8 @@
 //   no matching local object, copy present    -> delete the copy (local deletes, selector
 //                                                changes, copies that nothing backs)
 // A new term (or a new controller) starts with the informers' full lists as adds: a full resync.
+// No key is reconciled before both informers have listed (client-go's WaitForCacheSync): the
+// keys that come earlier wait, so that an object not yet listed is never taken for deleted.
 //
 // It stops by itself when one of its informers stops (e.g. the resource's definition was
 // deleted): the queue is shut down at once (no write is sent after that), and `on_stopped` tells

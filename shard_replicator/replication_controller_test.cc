@@ -192,9 +192,10 @@ class ReplicationControllerFakeTest : public ::testing::Test {
     if (cache_informer_ != nullptr) cache_informer_->Stop();
   }
 
-  // Starts the informers over `local` and `copies`, then the controller.
+  // Starts the informers over `local` and `copies`, then the controller. With run_local false,
+  // the local informer is not run (it has not listed yet).
   void Start(std::vector<v1::Object> local, std::vector<v1::Object> copies,
-             const std::string& selector = "", int workers = 2) {
+             const std::string& selector = "", int workers = 2, bool run_local = true) {
     auto local_lw = std::make_unique<ScriptedListerWatcher>(RealClock::Get());
     local_lw_ = local_lw.get();
     local_lw_->SetListObjects("shard-store", "10", std::move(local));
@@ -212,9 +213,13 @@ class ReplicationControllerFakeTest : public ::testing::Test {
     ASSERT_TRUE(c.ok()) << c.status();
     local_ = *std::move(l);
     cache_informer_ = *std::move(c);
-    ASSERT_TRUE(local_->Run().ok());
+    if (run_local) {
+      ASSERT_TRUE(local_->Run().ok());
+    }
     ASSERT_TRUE(cache_informer_->Run().ok());
-    ASSERT_TRUE(local_->WaitForSync(absl::Seconds(20)));
+    if (run_local) {
+      ASSERT_TRUE(local_->WaitForSync(absl::Seconds(20)));
+    }
     ASSERT_TRUE(cache_informer_->WaitForSync(absl::Seconds(20)));
 
     ReplicationController::Options o;
@@ -238,6 +243,7 @@ class ReplicationControllerFakeTest : public ::testing::Test {
     auto started = ReplicationController::Start(std::move(o), local_, cache_informer_);
     ASSERT_TRUE(started.ok()) << started.status();
     controller_ = *std::move(started);
+    if (!run_local) return;
     ASSERT_TRUE(Eventually([&] { return controller_->HasSynced(); }, "the controller syncs"));
   }
 
@@ -282,6 +288,35 @@ TEST_F(ReplicationControllerFakeTest, UpsertsMissingAndDifferentCopiesOnly) {
     if (w.upsert().object().metadata().name() == "w2") w2 = w.upsert().object();
   }
   EXPECT_EQ(w2.spec().fields().at("size").number_value(), 3);
+}
+
+// The cache informer has listed the copies, the local informer not yet: nothing is reconciled
+// (a local object not listed yet is not a deleted one) until it has; then only what differs is
+// written.
+TEST_F(ReplicationControllerFakeTest, NothingIsReconciledBeforeBothInformersHaveListed) {
+  v1::Object differs = Copy(LocalWidget("w2", "10"), "4");
+  (*differs.mutable_spec()->mutable_fields())["size"].set_number_value(9);
+  ASSERT_NO_FATAL_FAILURE(Start({LocalWidget("w1", "10"), LocalWidget("w2", "10")},
+                                {Copy(LocalWidget("w1", "10"), "3"), differs}, "", 2,
+                                /*run_local=*/false));
+  // The keys of both copies are handed out and wait; the check looks again on the clock.
+  ASSERT_TRUE(Until([&] { return clock_.Waiters() > 0 || writer_.WriteCount() > 0; },
+                    "the keys wait for the local informer"));
+  for (int i = 0; i < 10; ++i) clock_.Advance(absl::Milliseconds(20));
+  EXPECT_EQ(writer_.WriteCount(), 0) << Describe();
+
+  ASSERT_TRUE(local_->Run().ok());
+  ASSERT_TRUE(local_->WaitForSync(absl::Seconds(20)));
+  ASSERT_TRUE(Until(
+      [&] {
+        clock_.Advance(absl::Milliseconds(20));
+        return controller_->HasSynced() && controller_->Pending() == 0;
+      },
+      "in sync"));
+  EXPECT_EQ(writer_.Deletes("w1"), 0);
+  EXPECT_EQ(writer_.Upserts("w1"), 0) << "equal: not written";
+  EXPECT_GE(writer_.Upserts("w2"), 1) << "different";
+  EXPECT_EQ(writer_.Deletes("w2"), 0);
 }
 
 TEST_F(ReplicationControllerFakeTest, DeletesCopiesThatNothingBacks) {
