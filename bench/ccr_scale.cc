@@ -6,6 +6,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -118,6 +119,7 @@ class Run {
     result_->ready_seconds = d_.ready_seconds;
     result_->leading_seconds = d_.leading_seconds;
     if (result_->setup_error.empty()) {
+      absl::SleepFor(options_.settle);
       Read("idle", 0);
       result_->failure = Steps();
       result_->shard_end = ReadProcStats(d_.shard->pid());
@@ -217,13 +219,20 @@ class Run {
         options_.converge_timeout, kPollInterval);
     if (!converged) {
       const CcrScaleCounts& n = result_->converge_counts;
-      return absl::StrCat("not converged within ", absl::FormatDuration(options_.converge_timeout),
-                          ": ", n.ccrs_ready, " of ", options_.ccrs, " CCRs Ready",
-                          n.not_ready.empty() ? "" : " (e.g. ", n.not_ready,
-                          n.not_ready.empty() ? "" : ")", "; ", n.copies, " of ",
-                          result_->expected_copies, " copies in the cache, ", n.wrong_pairs,
-                          " (cluster, resource) pairs not as expected, ", n.ccr_copies,
-                          " CCR copies", n.error.empty() ? "" : "; ", n.error);
+      std::string why =
+          absl::StrCat("not converged within ", absl::FormatDuration(options_.converge_timeout),
+                       ": ", n.ccrs_ready, " of ", options_.ccrs, " CCRs Ready");
+      if (!n.not_ready.empty()) absl::StrAppend(&why, " (e.g. ", n.not_ready, ")");
+      if (n.cache_listed) {
+        absl::StrAppend(&why, "; ", n.copies, " of ", result_->expected_copies,
+                        " copies in the cache, ", n.wrong_pairs,
+                        " (cluster, resource) pairs not as expected, ", n.ccr_copies, " of ",
+                        options_.ccrs, " CCR copies");
+      } else {
+        absl::StrAppend(&why, "; the cache not listed yet (it is, once every CCR is Ready)");
+      }
+      if (!n.error.empty()) absl::StrAppend(&why, "; ", n.error);
+      return why;
     }
     result_->converged_seconds = SecondsSince(create_ns);
     Read("converged", result_->converged_seconds);
@@ -263,7 +272,16 @@ class Run {
                           n.error.empty() ? "" : "; ", n.error);
     }
     result_->gone_seconds = SecondsSince(delete_ns);
-    absl::SleepFor(options_.settle);
+    int64_t gone_ns = NowNanos();
+    int64_t threads = ReadProcStats(d_.replicator->pid()).threads;
+    PollUntil(
+        [&] {
+          int64_t now = ReadProcStats(d_.replicator->pid()).threads;
+          if (now != threads) result_->threads_changed_seconds = SecondsSince(gone_ns);
+          threads = now;
+          return false;
+        },
+        options_.settle, kPollInterval);
     Read("after delete", result_->gone_seconds + absl::ToDoubleSeconds(options_.settle));
     return "";
   }
@@ -298,6 +316,7 @@ class Run {
                           });
     }
     if (!n->error.empty()) return;
+    n->cache_listed = true;
     for (const auto& [pair, count] : expected) {
       auto it = seen.find(pair);
       n->wrong_pairs += (it == seen.end() ? 0 : it->second) != count ? 1 : 0;
@@ -313,9 +332,13 @@ class Run {
     r.seconds = seconds;
     r.replicator = ReadProcStats(d_.replicator->pid());
     r.thread_names = ReadThreadNames(d_.replicator->pid());
-    r.replication_controllers =
-        ScrapeMetric(testing::HttpGet(d_.replicator->http_port(), "/metrics"),
-                     "shardcache_replicator_replication_controllers");
+    std::string page = testing::HttpGet(d_.replicator->http_port(), "/metrics");
+    r.replication_controllers = ScrapeMetric(page, "shardcache_replicator_replication_controllers");
+    constexpr char kInformers[] = "shardcache_informer_factory_informers";
+    if (absl::StrContains(page, absl::StrCat("\n", kInformers, "{"))) {
+      r.shard_informers = ScrapeMetric(page, kInformers, "factory=\"shard_store\"");
+      r.cache_informers = ScrapeMetric(page, kInformers, "factory=\"cache\"");
+    }
     result_->readings.push_back(std::move(r));
   }
 

@@ -4,9 +4,10 @@
 // It starts a cache (cache_server --role=cache), shard "a"'s store (cache_server --role=shard)
 // and one shard_replicator for shard "a" between them, on loopback ports they pick themselves
 // (StartReplicatorProcesses), waits until the replicator is ready and leads, and reads the
-// replicator's Threads and VmRSS (/proc/PID/status), its threads by name (/proc/PID/task/*/comm)
-// and its shardcache_replicator_replication_controllers gauge, at each of these moments:
-//   1. idle: leading, nothing defined;
+// replicator's Threads and VmRSS (/proc/PID/status), its threads by name (/proc/PID/task/*/comm),
+// its shardcache_replicator_replication_controllers gauge and, where it has them, its
+// shardcache_informer_factory_informers gauges, at each of these moments:
+//   1. idle: leading, nothing defined, read `settle` after the replicator began to lead;
 //   2. objects, no CCR: `resources` ResourceDefinitions defined in the shard store
 //      (widgets, widgets1, ... in group bench.shardcache.io) and `objects_per_resource` objects of
 //      `object_bytes` each written, over one Write stream, into every (cluster, resource) pair of
@@ -17,7 +18,10 @@
 //      phase is Ready and a listing of the cache shows every copy (objects_per_resource copies of
 //      shard "a" in each pair that has a CCR, none in the others, and one copy of each CCR);
 //   4. after delete: every CCR deleted (over one Write stream); read `settle` after the shard
-//      store has no CCR left and the cache no copy of an object or of a CCR.
+//      store has no CCR left and the cache no copy of an object or of a CCR. Meanwhile it polls
+//      the replicator's thread count every 500 ms and keeps when it last changed: the factory
+//      releases an informer that nobody holds only after a grace period (10 s), so `settle` must
+//      be longer than that for the reading to show the release.
 // The waits for 3 and 4 poll every 500 ms and are bounded (converge_timeout, delete_timeout); a
 // wait that times out ends the run (the readings taken so far are kept). While converging it also
 // keeps the highest thread count that a poll saw.
@@ -53,9 +57,8 @@ struct CcrScaleOptions {
   // CCR and copy gone.
   absl::Duration converge_timeout = absl::Minutes(10);
   absl::Duration delete_timeout = absl::Minutes(10);
-  // How long the replicator is left alone before the "objects, no CCR" and "after delete"
-  // readings.
-  absl::Duration settle = absl::Seconds(5);
+  // How long the replicator is left alone before each reading but "converged".
+  absl::Duration settle = absl::Seconds(15);
   // Deadline of each unary call (lists, metrics).
   absl::Duration rpc_timeout = absl::Seconds(10);
   // Names the run's objects.
@@ -71,13 +74,19 @@ struct CcrScaleReading {
   ProcStats replicator;
   std::map<std::string, int64_t> thread_names;  // /proc/PID/task/*/comm -> threads
   double replication_controllers = -1;          // the gauge; -1: not read
+  // shardcache_informer_factory_informers of the factory on the shard store and of the one on
+  // the cache; -1: the replicator has no such gauge.
+  double shard_informers = -1;
+  double cache_informers = -1;
 };
 
 // What the last poll of a wait saw.
 struct CcrScaleCounts {
-  int64_t ccrs = 0;         // CCRs in the shard store
-  int64_t ccrs_ready = 0;   // of which phase Ready
-  std::string not_ready;    // one CCR that is not Ready, and its phase
+  int64_t ccrs = 0;        // CCRs in the shard store
+  int64_t ccrs_ready = 0;  // of which phase Ready
+  std::string not_ready;   // one CCR that is not Ready, and its phase
+  // The cache was listed (the converge wait lists it only once every CCR is Ready).
+  bool cache_listed = false;
   int64_t copies = 0;       // copies of the benchmark resources from shard "a" in the cache
   int64_t wrong_pairs = 0;  // (cluster, resource) pairs whose copies are not as expected
   int64_t ccr_copies = 0;   // copies of CCRs from shard "a" in the cache
@@ -99,6 +108,9 @@ struct CcrScaleResult {
   double all_ready_seconds = -1;
   double converged_seconds = -1;
   double gone_seconds = -1;  // from the first delete sent: no CCR and no copy left
+  // From then: when the replicator's thread count last changed during the `settle` that follows
+  // (-1: it did not change).
+  double threads_changed_seconds = -1;
   int64_t peak_threads = 0;  // the replicator's highest Threads seen while converging
   std::vector<CcrScaleReading> readings;
   CcrScaleCounts converge_counts;  // the converge wait's last poll

@@ -179,9 +179,10 @@ ABSL_FLAG(int, objects_per_resource, 20,
 ABSL_FLAG(absl::Duration, converge_timeout, absl::Minutes(10),
           "--mode=ccrs: bound on the wait for every CCR Ready and every copy in the cache, and on "
           "the wait for every CCR and copy gone after the deletes");
-ABSL_FLAG(absl::Duration, settle, absl::Seconds(5),
-          "--mode=ccrs: how long the replicator is left alone before the readings with the "
-          "objects and after the deletes");
+ABSL_FLAG(absl::Duration, settle, absl::Seconds(15),
+          "--mode=ccrs: how long the replicator is left alone before the idle reading, the one "
+          "with the objects and the one after the deletes (longer than the 10 s after which the "
+          "replicator releases an informer that nobody holds)");
 // Side by side with etcd
 ABSL_FLAG(std::vector<std::string>, targets, std::vector<std::string>({"cache_server"}),
           "--mode=write, watch, get and list: the servers to start and load, cache_server and/or "
@@ -1663,8 +1664,11 @@ int RunCcrs(Options options) {
       << " in cluster i / " << o.resources << ", so " << r.expected_copies
       << " copies are expected in the cache. Readings of shard_replicator (/proc/PID/status "
          "Threads and VmRSS, /proc/PID/task/*/comm, its "
-         "shardcache_replicator_replication_controllers gauge): idle (leading, nothing "
-         "defined); with the definitions and objects, no CCR, "
+         "shardcache_replicator_replication_controllers gauge and, where it has them, its "
+         "shardcache_informer_factory_informers gauges): idle (leading, nothing "
+         "defined, "
+      << absl::FormatDuration(o.settle)
+      << " after it began to lead); with the definitions and objects, no CCR, "
       << absl::FormatDuration(o.settle)
       << " after the last write; once every CCR is Ready and a listing of the cache shows every "
          "copy (polled every 500 ms); and "
@@ -1692,11 +1696,16 @@ int RunCcrs(Options options) {
                          r.delete_seconds)
       << "| first delete to no CCR and no copy left | "
       << (r.gone_seconds < 0 ? std::string("not seen") : absl::StrFormat("%.2f s", r.gone_seconds))
+      << " |\n| then, the replicator's thread count last changed after | "
+      << (r.gone_seconds < 0 ? std::string("n/a")
+          : r.threads_changed_seconds < 0
+              ? absl::StrCat("no change in ", absl::FormatDuration(o.settle))
+              : absl::StrFormat("%.1f s", r.threads_changed_seconds))
       << " |\n\n"
       << "| phase | time | replicator threads | threads - idle | per CCR | VmRSS MiB | VmRSS - "
          "idle MiB | per CCR KiB | VmHWM MiB | CPU s since the previous reading | replication "
-         "controllers | threads by name |\n"
-      << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+         "controllers | informers: shard store / cache | threads by name |\n"
+      << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n";
   const ProcStats* idle = r.readings.empty() ? nullptr : &r.readings.front().replicator;
   const ProcStats* previous = nullptr;
   for (const CcrScaleReading& reading : r.readings) {
@@ -1706,7 +1715,7 @@ int RunCcrs(Options options) {
     int64_t threads = diff ? p.threads - idle->threads : 0;
     int64_t rss_kb = diff ? p.rss_kb - idle->rss_kb : 0;
     std::cout << absl::StrFormat(
-        "| %s | %.2f s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", reading.phase,
+        "| %s | %.2f s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", reading.phase,
         reading.seconds, p.ok ? absl::StrCat(p.threads) : "n/a",
         diff ? absl::StrCat(threads) : "n/a",
         diff && per_ccr ? absl::StrFormat("%.2f", static_cast<double>(threads) / o.ccrs) : "",
@@ -1716,7 +1725,12 @@ int RunCcrs(Options options) {
         previous != nullptr && previous->ok && p.ok
             ? absl::StrFormat("%.2f", p.cpu_seconds - previous->cpu_seconds)
             : "",
-        MetricCell(reading.replication_controllers), ThreadNameCells(reading.thread_names));
+        MetricCell(reading.replication_controllers),
+        reading.shard_informers < 0 && reading.cache_informers < 0
+            ? std::string("no gauge")
+            : absl::StrCat(MetricCell(reading.shard_informers), " / ",
+                           MetricCell(reading.cache_informers)),
+        ThreadNameCells(reading.thread_names));
     previous = &p;
   }
   std::cout << "\n| process at the end | threads, VmRSS, VmHWM |\n|---|---|\n"
