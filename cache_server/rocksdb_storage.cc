@@ -57,6 +57,19 @@ bool DirectoryIsEmptyOrAbsent(const std::string& dir) {
   return empty;
 }
 
+// Appends a length-delimited field (a message's serialized bytes) to a serialized message.
+void AppendMessageField(int field, const std::string& bytes, std::string* out) {
+  uint64_t v = (static_cast<uint64_t>(field) << 3) | 2;  // wire type 2: length-delimited
+  for (uint64_t n : {v, static_cast<uint64_t>(bytes.size())}) {
+    while (n >= 0x80) {
+      out->push_back(static_cast<char>((n & 0x7f) | 0x80));
+      n >>= 7;
+    }
+    out->push_back(static_cast<char>(n));
+  }
+  out->append(bytes);
+}
+
 absl::Status FromRocks(const rocksdb::Status& s, const std::string& what) {
   if (s.ok()) return absl::OkStatus();
   return absl::UnavailableError(absl::StrCat(what, ": ", s.ToString()));
@@ -237,24 +250,30 @@ absl::Status RocksDbStorage::Sync() {
 absl::Status RocksDbStorage::WriteBatchOf(const CommitBatch& batch, bool sync) {
   rocksdb::WriteBatch wb;
   storage::v1::StoredEvent stored;
-  std::string buf;
+  std::string object;
+  std::string prev;
+  std::string record;
   for (const EventPtr& e : batch.events) {
     std::string okey = ObjectStorageKey(e->group_resource, e->object->metadata());
+    e->object->SerializeToString(&object);
     if (e->type == v1::WatchEvent::DELETED) {
       wb.Delete(okey);
     } else {
-      e->object->SerializeToString(&buf);
-      wb.Put(okey, buf);
+      wb.Put(okey, object);
     }
-    stored.Clear();
+    // The event's scalar fields, then its objects as the bytes serialized once above (a parser
+    // takes fields in any order): no copy of either object.
     stored.set_revision(e->revision);
     stored.set_type(e->type);
     stored.set_group_resource(e->group_resource);
-    *stored.mutable_object() = *e->object;
-    if (e->prev != nullptr) *stored.mutable_prev() = *e->prev;
     stored.set_commit_time_unix_nanos(absl::ToUnixNanos(e->time));
-    stored.SerializeToString(&buf);
-    wb.Put(EventKey(e->revision), buf);
+    stored.SerializeToString(&record);
+    AppendMessageField(storage::v1::StoredEvent::kObjectFieldNumber, object, &record);
+    if (e->prev != nullptr) {
+      e->prev->SerializeToString(&prev);
+      AppendMessageField(storage::v1::StoredEvent::kPrevFieldNumber, prev, &record);
+    }
+    wb.Put(EventKey(e->revision), record);
   }
   // Drop the events that have left the window since the last commit.
   for (int64_t rev = compacted_revision_ + 1; rev <= batch.compacted_revision; ++rev) {
