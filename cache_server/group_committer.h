@@ -13,8 +13,9 @@
 // batch (CompleteWhenDurable). It is a pipeline of two stages: while one sync runs, the committer
 // thread finishes the batches of the sync before (publishes them, answers them) and takes and
 // writes the next ones, so that the next sync can start as soon as this one returns and covers
-// everything that arrived meanwhile. The disk is never idle while the committer works, and the
-// committer never waits for the disk while it has something to write or to finish.
+// everything that arrived meanwhile. The sync thread never waits for answers, and the committer
+// thread never waits for the disk. A batch written but not yet synced may or may not survive a
+// crash; it has not been answered, published or made visible.
 //
 // What it guarantees:
 // - A completion runs once, after every revision up to its own is durable and every epoch added
