@@ -363,14 +363,13 @@ int Run(Config config, const std::string& role_name) {
     server->Shutdown();
     return Refuse(http_port.status());
   }
-  // The Kubernetes view reads the store directly and watches it through the Store service, over
-  // an in-process channel, so that its watchers are served as every other.
+  // The Kubernetes view reads the store directly, and its watches are watchers of the same
+  // fan-out as the Store service's.
   std::unique_ptr<KubeApiServer> kube_api;
   int kube_api_port = 0;
   if (!config.kube_api_listen.empty()) {
-    kube_api = std::make_unique<KubeApiServer>(KubeApiServer::Options(), &store,
-                                               server->InProcessChannel(grpc::ChannelArguments()),
-                                               authorizer.get(), registry.get());
+    kube_api = std::make_unique<KubeApiServer>(KubeApiServer::Options(), &store, &watch_cache,
+                                               &metrics, authorizer.get(), registry.get());
     if (config.tls.server_enabled()) {
       absl::StatusOr<std::shared_ptr<ReloadingKeyPair>> keys = ReloadingKeyPair::Load(config.tls);
       if (!keys.ok()) {

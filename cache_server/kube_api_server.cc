@@ -270,12 +270,13 @@ class KubeApiServer::ConnectionThreads : public httplib::TaskQueue {
   const int max_;
 };
 
-KubeApiServer::KubeApiServer(Options options, const ObjectStore* store,
-                             std::shared_ptr<grpc::Channel> channel, const Authorizer* authorizer,
+KubeApiServer::KubeApiServer(Options options, ObjectStore* store, WatchCache* watch_cache,
+                             StoreMetrics* metrics, const Authorizer* authorizer,
                              prometheus::Registry* registry)
     : options_(std::move(options)),
       store_(store),
-      stub_(v1::Store::NewStub(std::move(channel))),
+      watch_cache_(watch_cache),
+      metrics_(metrics),
       authorizer_(authorizer),
       requests_(prometheus::BuildCounter()
                     .Name("shardcache_kube_api_requests_total")
@@ -337,14 +338,14 @@ absl::StatusOr<int> KubeApiServer::Start(const std::string& address) {
   server_->Delete(".*", refuse);
 
   return ServeInBackground(server_.get(), "--kube-api-listen", address, &listener_,
-                           &listen_returned_);
+                           &listen_returned_, options_.send_buffer_bytes);
 }
 
 void KubeApiServer::Stop() {
   {
     absl::MutexLock l(&mu_);
     stopping_ = true;
-    for (grpc::ClientContext* call : calls_) call->TryCancel();
+    for (KubeWatcher* w : watchers_) w->Cancel(absl::UnavailableError("server shutting down"));
   }
   if (server_) server_->stop();
   if (listener_.joinable()) listener_.join();
@@ -579,11 +580,11 @@ void KubeApiServer::ServeRead(const KubePath& path, const std::optional<PeerIden
   Reply(res, 200, ListJson(r, items, answer->resource_version(), answer->continue_token()), verb);
 }
 
-// One watch of the view: the in-process Watch call it forwards, and how its events are written.
+// One watch of the view: its watcher in the fan-out, and how its events are written.
 struct KubeWatch {
-  grpc::ClientContext ctx;
-  v1::WatchRequest request;
-  std::unique_ptr<grpc::ClientReader<v1::WatchEvent>> reader;
+  explicit KubeWatch(KubeWatcher::Options options) : watcher(options) {}
+  KubeWatcher watcher;
+  absl::Time deadline;
   KubeResource resource;
   // apiVersion and kind: which rendering of an object this watch sends (KubeRenderCache).
   std::string view;
@@ -595,11 +596,24 @@ struct KubeWatch {
   bool columns_sent = false;
 };
 
+namespace {
+
+// How long a watch's thread waits for events before it looks whether its client is still there.
+constexpr absl::Duration kIdleCheck = absl::Seconds(1);
+
+}  // namespace
+
 void KubeApiServer::ServeWatch(const KubePath& path, const std::optional<PeerIdentity>& who,
                                const KubeResource& r, const KubeReadParams& params,
                                httplib::Response& res) {
-  auto watch = std::make_shared<KubeWatch>();
-  v1::WatchRequest& w = watch->request;
+  const WatchCache::Options& fan_out = watch_cache_->options();
+  KubeWatcher::Options options;
+  options.max_queue_bytes = fan_out.watcher_queue_bytes;
+  options.stall_timeout = fan_out.stall_timeout;
+  options.clock = fan_out.clock;
+  options.metrics = metrics_;
+  auto watch = std::make_shared<KubeWatch>(options);
+  v1::WatchRequest w;
   *w.mutable_resource() = MakeGvr(path.group, path.version, path.resource);
   w.set_shard(path.shard);
   w.set_cluster(path.cluster);
@@ -619,17 +633,8 @@ void KubeApiServer::ServeWatch(const KubePath& path, const std::optional<PeerIde
   } else if (rv > 0) {
     w.set_resource_version(absl::StrCat(rv));
   }
-  // Objects as JSON, and several events in one message when the watcher is behind: the view
-  // renders each event once for all its watches, from that JSON (KubeRenderCache), and sends a
-  // run of events in one write.
-  w.set_json_objects(true);
-  w.set_batch_events(true);
-  // Periodic bookmarks on the in-process call whether or not the client asked for them
-  // (allowWatchBookmarks): RenderWatchEvent drops them when it did not, as kube-apiserver then
-  // sends none. This thread blocks in Read and notices a client that has gone only when
-  // something arrives; without them an idle watch whose client left would hold its connection's
-  // thread until the next change or its timeout (max_watch_timeout).
-  w.set_allow_bookmarks(true);
+  // Periodic bookmarks only when the client asked (allowWatchBookmarks), as kube-apiserver.
+  w.set_allow_bookmarks(params.bookmarks);
   watch->resource = r;
   watch->view = absl::StrCat(ApiVersion(r.group, r.version), " ", r.kind);
   watch->fields = params.fields;
@@ -639,111 +644,101 @@ void KubeApiServer::ServeWatch(const KubePath& path, const std::optional<PeerIde
   if (params.timeout_seconds > 0) {
     timeout = std::min(timeout, absl::Seconds(params.timeout_seconds));
   }
-  watch->ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  watch->deadline = absl::Now() + timeout;
   if (authorizer_ != nullptr) {
     if (absl::Status allowed = authorizer_->CheckWatch(who, w); !allowed.ok()) {
       Reply(res, KubeErrorFor(allowed).code, StatusJson(allowed), "watch");
       return;
     }
-    authorizer_->Delegate(*who, &watch->ctx);
   }
+  KubeWatcher* watcher = &watch->watcher;
   {
     absl::MutexLock l(&mu_);
     if (stopping_) {
       Reply(res, 503, StatusJson(503, "ServiceUnavailable", "server shutting down"), "watch");
       return;
     }
-    calls_.insert(&watch->ctx);
+    watchers_.insert(watcher);
   }
-  watches_.Increment();
   requests_.Add({{"verb", "watch"}, {"code", "200"}}).Increment();
   SPDLOG_DEBUG("kube api: watch {} shard=\"{}\" cluster=\"{}\" namespace=\"{}\" from \"{}\"",
                GvrString(w.resource()), w.shard(), w.cluster(), w.namespace_(),
                w.resource_version());
   res.status = 200;
+  if (absl::Status started = store_->StartWatch(w, watcher); !started.ok()) {
+    // As kube-apiserver: the watch is answered, and its one event says why it cannot go on (410
+    // Expired for a revision older than the history window).
+    absl::MutexLock l(&mu_);
+    watchers_.erase(watcher);
+    res.set_content(WatchEventJson("ERROR", StatusJson(started)), kWatchJson);
+    return;
+  }
+  watches_.Increment();
   res.set_chunked_content_provider(
       kWatchJson,
       [this, watch](size_t, httplib::DataSink& sink) {
-        if (watch->reader == nullptr) watch->reader = stub_->Watch(&watch->ctx, watch->request);
-        v1::WatchEvent event;
-        if (!watch->reader->Read(&event)) {
-          grpc::Status status = watch->reader->Finish();
-          watch->reader.reset();
-          // A watch that reached its timeout, or that the server ends, just ends; any other
-          // end is told to the client as an ERROR event, as kube-apiserver does.
-          if (!status.ok() && status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED &&
-              status.error_code() != grpc::StatusCode::CANCELLED) {
-            absl::Status error = FromGrpcStatus(status);
-            std::string line = WatchEventJson("ERROR", StatusJson(error));
-            sink.write(line.data(), line.size());
-          }
+        absl::Time now = absl::Now();
+        if (now >= watch->deadline) {
+          // Its time is up: it just ends, and the client watches again.
           sink.done();
           return true;
         }
+        KubeWatcher::Taken taken = watch->watcher.Take(std::min(watch->deadline, now + kIdleCheck));
         std::string lines;
-        if (event.events_size() == 0) {
-          RenderWatchEvent(watch.get(), event, &lines);
-        } else {
-          for (const v1::WatchEvent& one : event.events()) {
-            RenderWatchEvent(watch.get(), one, &lines);
-          }
+        for (const auto& [type, object] : taken.events) {
+          RenderWatchEvent(watch.get(), type, object, &lines);
         }
-        // Nothing to send (a bookmark the client did not ask for, objects its field selector
-        // leaves out): still end the watch if the client has gone.
+        if (taken.ended.has_value()) {
+          // A watch that the server ends tells its client why, as kube-apiserver does.
+          const absl::Status& status = *taken.ended;
+          if (!status.ok() && status.code() != absl::StatusCode::kCancelled &&
+              status.code() != absl::StatusCode::kDeadlineExceeded) {
+            SPDLOG_INFO("kube api: watch of {} ended: {}", watch->view, status.ToString());
+            lines.append(WatchEventJson("ERROR", StatusJson(status)));
+          }
+          if (!lines.empty() && !sink.write(lines.data(), lines.size())) return false;
+          sink.done();
+          return true;
+        }
+        // Nothing to send (no event for a while, objects its field selector leaves out): still
+        // end the watch if the client has gone.
         if (lines.empty()) return sink.is_writable();
         return sink.write(lines.data(), lines.size());
       },
       [this, watch](bool) {
-        if (watch->reader != nullptr) {
-          // The client went away: end the call and wait for it to be over.
-          watch->ctx.TryCancel();
-          v1::WatchEvent ignored;
-          while (watch->reader->Read(&ignored)) {
-          }
-          (void)watch->reader->Finish();
-          watch->reader.reset();
-        }
+        // The connection is over: the watcher leaves the fan-out before it is freed.
+        watch->watcher.Cancel(absl::CancelledError("the client went away"));
+        watch_cache_->Unregister(&watch->watcher);
         absl::MutexLock l(&mu_);
-        calls_.erase(&watch->ctx);
+        watchers_.erase(&watch->watcher);
         watches_.Decrement();
       });
 }
 
-void KubeApiServer::RenderWatchEvent(KubeWatch* watch, const v1::WatchEvent& event,
-                                     std::string* out) {
-  const std::string& json = event.object_json();
-  if (event.type() == v1::WatchEvent::BOOKMARK) {
+void KubeApiServer::RenderWatchEvent(KubeWatch* watch, v1::WatchEvent::Type type,
+                                     const ObjectRef& object, std::string* out) {
+  if (type == v1::WatchEvent::BOOKMARK) {
     if (!watch->bookmarks) return;
-    v1::Object bookmark;
-    if (!google::protobuf::util::JsonStringToMessage(json, &bookmark).ok()) return;
-    const v1::ObjectMeta& m = bookmark.metadata();
+    const v1::ObjectMeta& m = object->metadata();
     bool end = m.annotations().contains(kInitialEventsEndAnnotation);
     out->append(WatchEventJson("BOOKMARK", BookmarkObjectJson(watch->resource, m.resource_version(),
                                                               end && watch->initial_events_end)));
     return;
   }
-  std::string type = v1::WatchEvent::Type_Name(event.type());
-  if (watch->table || !watch->fields.terms.empty()) {
-    // Per watch: its field selector, or a Table (whose ages change with time).
-    v1::Object object;
-    if (!google::protobuf::util::JsonStringToMessage(json, &object).ok()) return;
-    if (!watch->fields.Matches(object.metadata())) return;
-    if (watch->table) {
-      bool columns = !watch->columns_sent;
-      watch->columns_sent = true;
-      out->append(WatchEventJson(
-          type,
-          TableJson({&object}, columns, object.metadata().resource_version(), "", absl::Now())));
-      return;
-    }
+  std::string type_name = v1::WatchEvent::Type_Name(type);
+  if (!watch->fields.Matches(object->metadata())) return;
+  if (watch->table) {
+    // Per watch: a Table's ages change with time.
+    bool columns = !watch->columns_sent;
+    watch->columns_sent = true;
+    out->append(WatchEventJson(
+        type_name, TableJson({object.get()}, columns, object->metadata().resource_version(), "",
+                             absl::Now())));
+    return;
   }
-  KubeRenderCache::Rendered rendered = render_cache_.Get(watch->view, json, [&] {
-    v1::Object object;
-    if (!google::protobuf::util::JsonStringToMessage(json, &object).ok()) return std::string();
-    return ObjectJson(object, watch->resource);
-  });
-  if (rendered->empty()) return;
-  out->append(WatchEventJson(type, *rendered));
+  KubeRenderCache::Rendered rendered =
+      render_cache_.Get(watch->view, object, [&] { return ObjectJson(*object, watch->resource); });
+  out->append(WatchEventJson(type_name, *rendered));
 }
 
 }  // namespace shardcache

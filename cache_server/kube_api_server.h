@@ -15,10 +15,11 @@
 // Expired for a resourceVersion older than the history window (for a watch: an ERROR event).
 //
 // What it guarantees: reads are the Store service's reads (ObjectStore::List and Get, at the
-// durable revision); a watch is a Watch call of the Store service made over an in-process
-// channel, so it is served by the same fan-out as every gRPC watcher, with the same history,
-// bookmarks and treatment of a slow reader (a client that stops reading stops the in-process
-// stream, which the fan-out parks and catches up, or ends); nothing is ever written.
+// durable revision); a watch is a watcher of the store's fan-out (KubeWatcher, kube_watcher.h),
+// registered as a gRPC Watch is (ObjectStore::StartWatch), so it has the same history, bookmarks
+// and treatment of a slow reader (its queue is bounded; when full it is parked and caught up
+// from the history, or ended); each event's object is rendered once for all the watches of one
+// view (KubeRenderCache); nothing is ever written.
 // HTTP/1.1, one thread per connection (at most Options::max_connections; more wait to be
 // accepted).
 //
@@ -26,15 +27,12 @@
 // CA, clients' certificates are requested and verified, and with an Authorizer each request is
 // checked as the Store call it stands for (CheckList for a list or get, CheckWatch for a watch;
 // discovery needs an identity only). A request without a certificate gets 401 Unauthorized, one
-// the policy refuses 403 Forbidden, both as a Status. A watch's in-process call carries the
-// client's identity by Authorizer::Delegate, so the Store service checks it once more.
+// the policy refuses 403 Forbidden, both as a Status.
 //
 // Thread-safety: Start and Stop from one thread (main); requests are served on the server's own
 // threads.
 #ifndef SHARDCACHE_CACHE_SERVER_KUBE_API_SERVER_H_
 #define SHARDCACHE_CACHE_SERVER_KUBE_API_SERVER_H_
-
-#include <grpcpp/grpcpp.h>
 
 #include <atomic>
 #include <memory>
@@ -48,13 +46,15 @@
 #include "absl/time/time.h"
 #include "cache_server/authorizer.h"
 #include "cache_server/kube_render_cache.h"
+#include "cache_server/kube_watcher.h"
 #include "cache_server/object_store.h"
+#include "cache_server/watch_cache.h"
 #include "common/tls.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/registry.h"
-#include "shardcache/v1/store.grpc.pb.h"
+#include "shardcache/v1/store.pb.h"
 
 namespace httplib {
 class Server;
@@ -79,14 +79,20 @@ class KubeApiServer {
     absl::Duration write_timeout = absl::Seconds(10);
     // Connections served at once.
     int max_connections = 4096;
+    // Each connection's socket send buffer (SO_SNDBUF; the kernel doubles it): with the
+    // watcher's queue (KubeWatcher), what a watch whose client reads slowly holds. Without it
+    // the kernel lets the buffer grow to 4 MiB a connection. 0: the kernel's default.
+    int send_buffer_bytes = 256 << 10;
     // What /version reports as gitVersion.
     std::string git_version = "v1.32.0-shardcache";
   };
 
-  // `store` serves the reads; `channel` reaches the same store's Store service (in-process) for
-  // watches. Not owned; both must outlive the server.
+  // `store` serves the reads and registers the watches with `watch_cache` (the store's), whose
+  // options bound each watch's queue. Not owned; both must outlive the server.
   // `authorizer` may be null (authorization off).
-  KubeApiServer(Options options, const ObjectStore* store, std::shared_ptr<grpc::Channel> channel,
+  // `metrics` (not owned, may be null) counts the view's watchers ended as too slow with the
+  // Store service's (shardcache_store_watchers_too_slow_total).
+  KubeApiServer(Options options, ObjectStore* store, WatchCache* watch_cache, StoreMetrics* metrics,
                 const Authorizer* authorizer, prometheus::Registry* registry);
   ~KubeApiServer();
   KubeApiServer(const KubeApiServer&) = delete;
@@ -115,14 +121,16 @@ class KubeApiServer {
                   const KubeResource& r, const KubeReadParams& params, httplib::Response& res);
   // Appends one event of a watch as its client receives it (a line), or nothing when it gets
   // none.
-  void RenderWatchEvent(KubeWatch* watch, const v1::WatchEvent& event, std::string* out);
+  void RenderWatchEvent(KubeWatch* watch, v1::WatchEvent::Type type, const ObjectRef& object,
+                        std::string* out);
   // Every resource the view describes.
   std::vector<KubeResource> Discover() const;
   void Reply(httplib::Response& res, int code, std::string body, const char* verb);
 
   const Options options_;
-  const ObjectStore* const store_;
-  std::unique_ptr<v1::Store::Stub> stub_;
+  ObjectStore* const store_;
+  WatchCache* const watch_cache_;
+  StoreMetrics* const metrics_;
   const Authorizer* const authorizer_;
   std::shared_ptr<ReloadingKeyPair> tls_;
   std::string client_ca_file_;
@@ -136,7 +144,7 @@ class KubeApiServer {
 
   absl::Mutex mu_;
   // The watches in progress, to cancel on Stop.
-  std::set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);
+  std::set<KubeWatcher*> watchers_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
 

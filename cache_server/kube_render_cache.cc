@@ -4,23 +4,21 @@
 #include <utility>
 
 #include "absl/hash/hash.h"
-#include "absl/strings/str_cat.h"
 
 namespace shardcache {
 
-KubeRenderCache::Rendered KubeRenderCache::Get(absl::string_view view,
-                                               absl::string_view object_json,
+KubeRenderCache::Rendered KubeRenderCache::Get(absl::string_view view, const ObjectRef& object,
                                                const std::function<std::string()>& render) {
-  std::string key = absl::StrCat(view, "\n", object_json);
-  Shard& shard = shards_[absl::HashOf(key) % kShards];
+  Key key(object.get(), std::string(view));
+  Shard& shard = shards_[absl::HashOf(key.first) % kShards];
   {
     absl::MutexLock l(&shard.mu);
-    if (auto it = shard.entries.find(key); it != shard.entries.end()) return it->second;
+    if (auto it = shard.entries.find(key); it != shard.entries.end()) return it->second.rendered;
   }
   auto rendered = std::make_shared<const std::string>(render());
   absl::MutexLock l(&shard.mu);
-  auto [it, inserted] = shard.entries.emplace(key, rendered);
-  if (!inserted) return it->second;
+  auto [it, inserted] = shard.entries.emplace(key, Entry{object, rendered});
+  if (!inserted) return it->second.rendered;
   shard.order.push_back(std::move(key));
   if (shard.order.size() > per_shard_) {
     shard.entries.erase(shard.order.front());

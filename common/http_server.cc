@@ -28,14 +28,18 @@ absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& fla
 
 absl::StatusOr<int> ServeInBackground(httplib::Server* server, const std::string& flag,
                                       const std::string& address, std::thread* thread,
-                                      std::atomic<bool>* listen_returned) {
+                                      std::atomic<bool>* listen_returned, int send_buffer_bytes) {
   auto host_port = SplitHostPort(flag, address);
   if (!host_port.ok()) return host_port.status();
   // SO_REUSEADDR only: without SO_REUSEPORT (httplib's default sets it) a second process cannot
   // bind a port this one serves.
-  server->set_socket_options([](socket_t sock) {
+  // Accepted sockets inherit the listening socket's buffer sizes.
+  server->set_socket_options([send_buffer_bytes](socket_t sock) {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    if (send_buffer_bytes > 0) {
+      setsockopt(sock, SOL_SOCKET, SO_SNDBUF, &send_buffer_bytes, sizeof(send_buffer_bytes));
+    }
   });
   const auto& [host, port] = *host_port;
   int bound = port;

@@ -63,9 +63,12 @@ class HttpServer {
 // stop() is lost before that, so a Stop right after start-up would join for ever), with the
 // bound port, or UNAVAILABLE naming `flag` and `address` when it cannot bind. Sets
 // SO_REUSEADDR without SO_REUSEPORT, so that a second process cannot bind a port served here.
+// With `send_buffer_bytes`, its connections' sockets get that SO_SNDBUF (which turns off the
+// kernel's growth of the buffer, up to 4 MiB by default, for a client that reads slowly).
 absl::StatusOr<int> ServeInBackground(httplib::Server* server, const std::string& flag,
                                       const std::string& address, std::thread* thread,
-                                      std::atomic<bool>* listen_returned);
+                                      std::atomic<bool>* listen_returned,
+                                      int send_buffer_bytes = 0);
 
 // Splits "host:port" (host may be "[::1]"). Returns InvalidArgument naming `flag` when malformed.
 absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& flag,

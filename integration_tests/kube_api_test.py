@@ -34,6 +34,12 @@ cache.
   idle watch without bookmarks that the view ends soon after its client leaves; and,
   from a resourceVersion that has left the history window, HTTP 200 then one ERROR event (Status
   410 Expired) that ends the stream, after which a relist and a new watch work.
+- SlowReaderTest (the cache with --watch-queue-bytes=16384 and --watch-stall-timeout=5s): a
+  burst of 300 copies of 4 KiB watched by a client that reads everything, one that reads nothing
+  until the burst is in the cache, and one that never reads (both with a 4 KiB receive buffer):
+  every write reaches the cache and the reader; the pausing watcher is caught up from the history
+  with every event in the reader's order; the silent one is ended as too slow, and finds a prefix
+  of the burst then an ERROR event.
 - StartupTest: the view is off by default (no kube_api_port in the port file).
 - DocExamplesTest: README.md's quick start (its commands and checks, from reflection_test.py),
   then every ```sh command of docs/kubectl.md, in one shell, with kubectl isolated as above and
@@ -47,6 +53,7 @@ failed" last and exits non-zero on any failure; every process is stopped at the 
 """
 
 import argparse
+import base64
 import datetime
 import gzip
 import http.client
@@ -54,6 +61,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -446,16 +454,37 @@ class WatchStream:
     events, one JSON object a line, read as they come (decompressed when the server compresses
     the stream)."""
 
-    def __init__(self, port, path, query, read_timeout=STREAM_READ_TIMEOUT, watch="true"):
+    def __init__(self, port, path, query, read_timeout=STREAM_READ_TIMEOUT, watch="true",
+                 receive_buffer=None):
+        """With receive_buffer (bytes), the connection's socket gets that SO_RCVBUF, and the
+        response is not read until the stream is: a client that reads nothing stops the
+        server's writes after a few KiB."""
         self.target = request_path(path, dict(query, watch=watch))
         self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=read_timeout)
+        if receive_buffer is not None:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+            sock.settimeout(read_timeout)
+            sock.connect(("127.0.0.1", port))
+            self.conn.sock = sock
         self.conn.request("GET", self.target, headers=GO_CLIENT_HEADERS)
-        self.response = self.conn.getresponse()
-        self.decompressor = None
-        if self.response.getheader("Content-Encoding") == "gzip":
-            self.decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        self._response = None
+        if receive_buffer is None:
+            self._start()
         self.buffer = b""
         self.events = []  # every event read
+
+    def _start(self):
+        if self._response is None:
+            self._response = self.conn.getresponse()
+            self.decompressor = None
+            if self._response.getheader("Content-Encoding") == "gzip":
+                self.decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
+
+    @property
+    def response(self):
+        self._start()
+        return self._response
 
     @property
     def status(self):
@@ -463,6 +492,7 @@ class WatchStream:
 
     def _line(self):
         """The next line of the stream (b"" at its end), from what has arrived so far."""
+        self._start()
         while b"\n" not in self.buffer:
             data = self.response.read1(65536)  # what one chunk holds, once some has come
             if not data:
@@ -1158,6 +1188,105 @@ class ReflectorTest(_Deployment):
         self.assertEqual([e["type"] for e in stream.events], ["BOOKMARK"])
 
 
+class SlowReaderTest(_Deployment):
+    """The view's watchers are the fan-out's, treated as its gRPC watchers are: on a cache whose
+    watchers may each hold 16 KiB of events (--watch-queue-bytes) and whose silent ones are ended
+    after 5 s (--watch-stall-timeout), a burst of WIDGETS_IN_BURST copies of 4 KiB, watched
+    by a client that reads everything, one that reads nothing for a while (its socket's receive
+    buffer 4 KiB) and one that never reads."""
+
+    CACHE_FLAGS = ["--bookmark-interval=" + BOOKMARK_INTERVAL, "--watch-queue-bytes=16384",
+                   "--watch-stall-timeout=5s"]
+    WIDGETS_IN_BURST = 300
+
+    def metric(self, name):
+        url = "http://127.0.0.1:%d/metrics" % self.cache.http_port
+        with urllib.request.urlopen(url, timeout=CALL_TIMEOUT) as response:
+            for line in response.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+        return 0.0
+
+    def read_burst(self, stream, names, what):
+        """Reads ADDED events of the burst until every name has come; checks that they come
+        in resourceVersion order, once each; returns the names in the order they came (the
+        cache's: the replicator copies several at a time)."""
+        seen, last_rv = [], 0
+        deadline = time.monotonic() + WAIT_TIMEOUT
+        while len(seen) < len(names):
+            self.assertLess(time.monotonic(), deadline, "%s: %d of %d events within %.0f s" % (
+                what, len(seen), len(names), WAIT_TIMEOUT))
+            event = stream.next()
+            self.assertIsNotNone(event, "%s: the stream ended after %d of %d events" % (
+                what, len(seen), len(names)))
+            if event["type"] == "BOOKMARK":
+                continue
+            self.assertEqual(event["type"], "ADDED", event)
+            rv = int(event["object"]["metadata"]["resourceVersion"])
+            self.assertGreater(rv, last_rv, "%s: out of order or repeated" % what)
+            last_rv = rv
+            seen.append(event["object"]["metadata"]["name"])
+        self.assertEqual(sorted(seen), names, "%s: every copy, once" % what)
+        return seen
+
+    def test_SlowAndSilentReaders_HoldBackNeitherWritesNorOtherWatchers(self):
+        listed = Reflector(self, self.cache.kube_api_port, ALL + WIDGETS_PATH, page_size=500)
+        listed.list()
+        query = {"resourceVersion": listed.resource_version}
+        path = ALL + WIDGETS_PATH
+        reader = WatchStream(self.cache.kube_api_port, path, query)
+        pausing = WatchStream(self.cache.kube_api_port, path, query, receive_buffer=4096)
+        silent = WatchStream(self.cache.kube_api_port, path, query, receive_buffer=4096)
+        for stream in (reader, pausing, silent):
+            self.addCleanup(stream.close)
+        wait_for("the three watches to start", lambda: self.view_watches_now() >= 3)
+        caught_up = self.metric("shardcache_store_watch_catch_up_events_total")
+        too_slow = self.metric("shardcache_store_watchers_too_slow_total")
+        names = ["burst-%03d" % n for n in range(self.WIDGETS_IN_BURST)]
+
+        def pad():  # 4 KiB that gzip (which the client accepts) cannot shrink much
+            return base64.b64encode(os.urandom(3072)).decode()
+        for n, name in enumerate(names):
+            call(self.shard_client, "shardcache.v1.Store/Create", {
+                "resource": WIDGETS, "object": widget_object(
+                    "root", "burst", name, {"cache": "yes"}, {"size": n, "pad": pad()})})
+        # Every write reached the cache, and the reader got each one, while the others read
+        # nothing.
+        wait_for("the burst's copies in the cache", lambda: len(
+            [k for k in self.cache_copies() if k[1] == "burst"]) == len(names))
+        order = self.read_burst(reader, names, "the reader")
+        # The pausing watcher was parked (its queue of 16 KiB filled) and is caught up from the
+        # history as it reads: everything, in order, with no gap and no duplicate.
+        self.assertEqual(self.read_burst(pausing, names, "the watcher that paused"), order)
+        self.assertGreater(self.metric("shardcache_store_watch_catch_up_events_total"),
+                           caught_up, "the paused watcher was caught up from the history")
+        # The silent one is ended as too slow once it has read nothing for 5 s; when it reads at
+        # last it finds a prefix of the burst in order, then an ERROR event that says why.
+        try:
+            wait_for("the silent watcher to be ended as too slow", lambda: self.metric(
+                "shardcache_store_watchers_too_slow_total") > too_slow, timeout=20)
+        except AssertionError as e:
+            raise AssertionError("%s; watches %s, parked %s; sockets:\n%s" % (
+                e, self.view_watches_now(), self.metric("shardcache_store_watchers_parked"),
+                subprocess.run(["ss", "-tn", "sport", "=", str(self.cache.kube_api_port)],
+                               capture_output=True, text=True).stdout)) from None
+        events = []
+        while True:
+            event = silent.next()
+            if event is None:
+                break
+            events.append(event)
+        self.assertTrue(events, "the silent watcher's stream")
+        self.assertEqual(events[-1]["type"], "ERROR", events[-1])
+        self.assertIn("too slow", events[-1]["object"]["message"])
+        added = [e["object"]["metadata"]["name"] for e in events[:-1] if e["type"] == "ADDED"]
+        self.assertLess(len(added), len(names))
+        self.assertEqual(added, order[:len(added)])
+
+    def view_watches_now(self):
+        return self.metric("shardcache_kube_api_watches")
+
+
 class StartupTest(unittest.TestCase):
 
     def test_WithoutTheFlag_TheViewIsOff(self):
@@ -1336,7 +1465,7 @@ def main():
         suite = loader.loadTestsFromNames(ARGS.tests, sys.modules[__name__])
     else:
         suite = unittest.TestSuite([loader.loadTestsFromTestCase(c) for c in (
-            StartupTest, KubectlTest, ReflectorTest, DocExamplesTest)])
+            StartupTest, KubectlTest, ReflectorTest, SlowReaderTest, DocExamplesTest)])
     runner = unittest.TextTestRunner(stream=sys.stdout, verbosity=2,
                                      resultclass=rt.CountingResult)
     passed, failed = 0, 1
