@@ -588,6 +588,8 @@ struct KubeWatch {
   KubeResource resource;
   // apiVersion and kind: which rendering of an object this watch sends (KubeRenderCache).
   std::string view;
+  // The render cache's keys of this watch's event lines, by type: "<view> ADDED" and so on.
+  std::string line_views[3];
   KubeFieldSelector fields;
   bool bookmarks = false;
   // Whether the bookmark that ends the initial events is sent with its annotation.
@@ -600,6 +602,18 @@ namespace {
 
 // How long a watch's thread waits for events before it looks whether its client is still there.
 constexpr absl::Duration kIdleCheck = absl::Seconds(1);
+
+// The index of an event type in KubeWatch::line_views.
+int LineView(v1::WatchEvent::Type type) {
+  switch (type) {
+    case v1::WatchEvent::MODIFIED:
+      return 1;
+    case v1::WatchEvent::DELETED:
+      return 2;
+    default:
+      return 0;
+  }
+}
 
 }  // namespace
 
@@ -637,6 +651,11 @@ void KubeApiServer::ServeWatch(const KubePath& path, const std::optional<PeerIde
   w.set_allow_bookmarks(params.bookmarks);
   watch->resource = r;
   watch->view = absl::StrCat(ApiVersion(r.group, r.version), " ", r.kind);
+  for (v1::WatchEvent::Type type :
+       {v1::WatchEvent::ADDED, v1::WatchEvent::MODIFIED, v1::WatchEvent::DELETED}) {
+    watch->line_views[LineView(type)] =
+        absl::StrCat(watch->view, " ", v1::WatchEvent::Type_Name(type));
+  }
   watch->fields = params.fields;
   watch->bookmarks = params.bookmarks;
   watch->table = params.table;
@@ -736,9 +755,11 @@ void KubeApiServer::RenderWatchEvent(KubeWatch* watch, v1::WatchEvent::Type type
                              absl::Now())));
     return;
   }
-  KubeRenderCache::Rendered rendered =
-      render_cache_.Get(watch->view, object, [&] { return ObjectJson(*object, watch->resource); });
-  out->append(WatchEventJson(type_name, *rendered));
+  // The whole event line, rendered once for every watch of this view that gets the event.
+  KubeRenderCache::Rendered line = render_cache_.Get(
+      watch->line_views[LineView(type)], object,
+      [&] { return WatchEventJson(type_name, ObjectJson(*object, watch->resource)); });
+  out->append(*line);
 }
 
 }  // namespace shardcache

@@ -1,12 +1,12 @@
-// KubeRenderCache: the Kubernetes JSON of recent watch events' objects, shared by the watches of
-// the Kubernetes view (kube_api_server.h), so that an event that a thousand watchers receive is
-// rendered once, not a thousand times.
+// KubeRenderCache: the Kubernetes JSON of recent watch events, shared by the watches of the
+// Kubernetes view (kube_api_server.h), so that an event that a thousand watchers receive is
+// rendered once, not a thousand times, and each of them only copies the line.
 //
 // An entry is keyed by the object (the store's shared, immutable version of it: one version of
-// one object is one ObjectRef, which every watcher of the event receives) and by the resource
-// view it is rendered for (apiVersion and kind). An entry holds its object, so that its address
-// is not reused while the entry lives. At most `capacity` entries are kept; the oldest leaves
-// first.
+// one object is one ObjectRef, which every watcher of the event receives) and by a view: what
+// the caller renders it as (the view's apiVersion, kind and the event's type). An entry holds its
+// object, so that its address is not reused while the entry lives. At most `capacity` entries are
+// kept; the oldest leaves first.
 //
 // Thread-safe: any thread; entries are spread over shards with a lock each.
 #ifndef SHARDCACHE_CACHE_SERVER_KUBE_RENDER_CACHE_H_
