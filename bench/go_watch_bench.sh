@@ -20,6 +20,9 @@
 #   custom: watchbench's defaults, changed by the flags after --
 # The watchers ask for no periodic bookmarks (cache_server: allow_bookmarks unset; etcd: no
 # progress_notify), as etcd's and most watchers do; `-- --bookmarks` makes both ask.
+# `-- --writer-process` runs the writer in a process of its own: where the watchers saturate the
+# client (scenario b; any rest run), the writes of a shared process fall behind its watchers'
+# goroutines, and the write figures are the client's scheduler's rather than the server's.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

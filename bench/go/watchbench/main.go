@@ -10,7 +10,8 @@
 //	watchbench --target=rest  --addr=127.0.0.1:7070 --rest-addr=127.0.0.1:7072 --watchers=1000
 //	watchbench --summarize etcd-1.json cache-1.json ...   # side-by-side table of earlier runs
 //
-// bench/go_watch_bench.sh builds it, starts both servers and runs it against each.
+// bench/go_watch_bench.sh builds it, starts both servers and runs it against each. With
+// --writer-process the writes come from a second process (writer.go).
 package main
 
 import (
@@ -64,6 +65,9 @@ var (
 	flagSummarize       = flag.Bool("summarize", false, "read the --json files named as arguments and print one side-by-side table (mean of rounds, ratio of cache_server, and of its REST view when there are runs of it, to etcd)")
 	flagFreePorts       = flag.Int("free-ports", 0, "print this many free loopback TCP ports and exit")
 	flagProbe           = flag.Duration("probe", 0, "wait up to this long for the server at --addr to answer a read, then exit (0 when it did)")
+	flagWriterProcess   = flag.Bool("writer-process", false, "run the writer in a process of its own (this program again), so that the watchers' decoding cannot starve it; its CPU is then not in the client CPU figures")
+	flagWriterOf        = flag.String("writer-of", "", "internal (--writer-process): be the writer process of this run")
+	flagClockBase       = flag.Int64("clock-base", 0, "internal (--writer-process): the parent's start, Unix nanoseconds, which the writer's stamps count from")
 	flagWaitStopTimeout = 10 * time.Second
 )
 
@@ -77,6 +81,9 @@ func main() {
 	}
 	var t target
 	run := fmt.Sprintf("r%d-%06x", time.Now().Unix(), rand.New(rand.NewSource(time.Now().UnixNano())).Intn(1<<24))
+	if *flagWriterOf != "" {
+		run = *flagWriterOf
+	}
 	switch *flagTarget {
 	case "cache", "cache_server":
 		t = &cacheTarget{cluster: "bench-" + run, batch: *flagBatch, json: *flagJSONObjects, bookmarks: *flagBookmarks}
@@ -103,6 +110,9 @@ func main() {
 		fmt.Fprintf(os.Stderr, "watchbench: still running after %v, every bound passed; giving up\n", budget)
 		os.Exit(3)
 	})
+	if *flagWriterOf != "" {
+		os.Exit(runWriterProcess(t))
+	}
 	os.Exit(runBench(t, run))
 }
 
@@ -306,11 +316,14 @@ func runBench(t target, run string) int {
 		fatalf("dial %s: %v", *flagAddr, err)
 	}
 	defer closeAll(watchConns)
-	writeConns, err := dialAll(*flagWriteConns)
-	if err != nil {
-		fatalf("dial %s: %v", *flagAddr, err)
+	var writeConns []*grpc.ClientConn
+	if !*flagWriterProcess {
+		writeConns, err = dialAll(*flagWriteConns)
+		if err != nil {
+			fatalf("dial %s: %v", *flagAddr, err)
+		}
+		defer closeAll(writeConns)
 	}
-	defer closeAll(writeConns)
 
 	// Watchers. Every stream's context has a deadline past the end of the run.
 	streamLimit := *flagSetupTimeout + *flagDuration + *flagWriteTimeout + *flagDrainTimeout + flagWaitStopTimeout
@@ -409,61 +422,18 @@ func runBench(t target, run string) int {
 	}
 
 	// The writer: open loop, paced; a write that falls due while --max-outstanding-writes are in
-	// flight is skipped.
+	// flight is skipped. In this process, or with --writer-process in one of its own.
 	log := newWriteLog(*flagResources)
-	pool := randomASCII(1<<20 + *flagValueBytes)
-	nextSeq := make([]int64, *flagResources)
-	var skipped, sent int64
-	inflight := make(chan struct{}, *flagMaxOutstanding)
-	var writers sync.WaitGroup
 	loadAvgStart := loadAvg()
 	s0 := takeSample(ws, serverPid)
-	rnd := rand.New(rand.NewSource(1))
-	for i := int64(0); ; i++ {
-		due := s0.at.Add(time.Duration(float64(i) * float64(time.Second) / *flagWriteRate))
-		if due.Sub(s0.at) >= *flagDuration {
-			break
-		}
-		if d := time.Until(due); d > 0 {
-			time.Sleep(d)
-		}
-		select {
-		case inflight <- struct{}{}:
-		default:
-			skipped++
-			continue
-		}
-		r := int(i % int64(*flagResources))
-		nextSeq[r]++
-		seq := nextSeq[r]
-		off := rnd.Intn(1 << 20)
-		value := pool[off : off+*flagValueBytes]
-		conn := writeConns[int(sent)%len(writeConns)]
-		sent++
-		writers.Add(1)
-		go func() {
-			defer writers.Done()
-			defer func() { <-inflight }()
-			ctx, cancel := context.WithTimeout(context.Background(), *flagWriteTimeout)
-			defer cancel()
-			start := monoNanos()
-			rev, err := t.write(ctx, conn, r, seq, start, value)
-			took := monoNanos() - start
-			log.mu.Lock()
-			defer log.mu.Unlock()
-			if err != nil {
-				log.failedN.Add(1)
-				log.errors[errorText(err)]++
-				return
-			}
-			log.acked[r][seq] = rev
-			log.ackedByRc[r].Add(1)
-			log.ackedN.Add(1)
-			log.latency.add(took / 1000)
-		}()
+	var s1 sample
+	sentAll := func() { s1 = takeSample(ws, serverPid) }
+	var sent, skipped int64
+	if *flagWriterProcess {
+		sent, skipped = writeInAnotherProcess(run, log, sentAll)
+	} else {
+		sent, skipped = writeLoop(t, writeConns, log, s0.at, sentAll)
 	}
-	s1 := takeSample(ws, serverPid)
-	writers.Wait() // bounded by --write-timeout
 	writesEnd := time.Now()
 
 	// The drain: until every watcher still open has every acknowledged write of its resource.
