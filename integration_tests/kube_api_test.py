@@ -294,6 +294,19 @@ class _Deployment(unittest.TestCase):
             return False
         wait_for("the copy of deleted widget %s to go" % (key,), gone)
 
+    def metric(self, name):
+        """The value of an unlabelled metric of the cache (0 when it has none yet)."""
+        url = "http://127.0.0.1:%d/metrics" % self.cache.http_port
+        with urllib.request.urlopen(url, timeout=CALL_TIMEOUT) as response:
+            for line in response.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+        return 0.0
+
+    def view_watches(self):
+        """The watches of the view in progress (its shardcache_kube_api_watches gauge)."""
+        return self.metric("shardcache_kube_api_watches")
+
     # The view over HTTP.
 
     def get(self, path, query=None, headers=None):
@@ -530,6 +543,16 @@ class WatchStream:
                 return read
         test.fail("no %s within %.0f s on %s; events: %s" % (what, timeout, self.target,
                                                              json.dumps(read)[:3000]))
+
+    def read_to_end(self, test, limit):
+        """Every event until the stream ends; fails past `limit` events."""
+        events = []
+        while True:
+            event = self.next()
+            if event is None:
+                return events
+            events.append(event)
+            test.assertLessEqual(len(events), limit, events)
 
     def close(self):
         self.conn.close()
@@ -1104,15 +1127,6 @@ class ReflectorTest(_Deployment):
         self.assertGreaterEqual(time.monotonic() - start, 2.5)
         self.assertEqual(stream.events, [])
 
-    def view_watches(self):
-        """The watches of the view in progress (its shardcache_kube_api_watches gauge)."""
-        url = "http://127.0.0.1:%d/metrics" % self.cache.http_port
-        with urllib.request.urlopen(url, timeout=CALL_TIMEOUT) as response:
-            for line in response.read().decode().splitlines():
-                if line.startswith("shardcache_kube_api_watches "):
-                    return float(line.split()[1])
-        return 0.0
-
     def test_IdleWatchWithoutBookmarks_EndsSoonAfterItsClientLeaves(self):
         # The client asks for no bookmarks and nothing changes, so nothing is written to it;
         # still, once it has gone, the view notices within a few bookmark intervals, not at the
@@ -1159,13 +1173,7 @@ class ReflectorTest(_Deployment):
         for n in range(HISTORY_EVENTS + 2):  # each one write to the cache, waited for
             self.update_in_shard(key, {"size": 100 + n})
         stream = reflector.watch()
-        events = []
-        while True:
-            event = stream.next()
-            if event is None:
-                break
-            events.append(event)
-            self.assertLess(len(events), 10, events)
+        events = stream.read_to_end(self, limit=9)
         self.assertEqual([e["type"] for e in events], ["ERROR"],
                          "one ERROR event, then the stream ends: %s" % events)
         status = events[-1]["object"]
@@ -1199,14 +1207,6 @@ class SlowReaderTest(_Deployment):
                    "--watch-stall-timeout=5s"]
     WIDGETS_IN_BURST = 40
 
-    def metric(self, name):
-        url = "http://127.0.0.1:%d/metrics" % self.cache.http_port
-        with urllib.request.urlopen(url, timeout=CALL_TIMEOUT) as response:
-            for line in response.read().decode().splitlines():
-                if line.startswith(name + " "):
-                    return float(line.split()[1])
-        return 0.0
-
     def read_burst(self, stream, names, what):
         """Reads ADDED events of the burst until every name has come; checks that they come
         in resourceVersion order, once each; returns the names in the order they came (the
@@ -1239,7 +1239,7 @@ class SlowReaderTest(_Deployment):
         silent = WatchStream(self.cache.kube_api_port, path, query, receive_buffer=4096)
         for stream in (reader, pausing, silent):
             self.addCleanup(stream.close)
-        wait_for("the three watches to start", lambda: self.view_watches_now() >= 3)
+        wait_for("the three watches to start", lambda: self.view_watches() >= 3)
         caught_up = self.metric("shardcache_store_watch_catch_up_events_total")
         too_slow = self.metric("shardcache_store_watchers_too_slow_total")
         names = ["burst-%03d" % n for n in range(self.WIDGETS_IN_BURST)]
@@ -1268,24 +1268,16 @@ class SlowReaderTest(_Deployment):
                 "shardcache_store_watchers_too_slow_total") > too_slow, timeout=20)
         except AssertionError as e:
             raise AssertionError("%s; watches %s, parked %s; sockets:\n%s" % (
-                e, self.view_watches_now(), self.metric("shardcache_store_watchers_parked"),
+                e, self.view_watches(), self.metric("shardcache_store_watchers_parked"),
                 subprocess.run(["ss", "-tn", "sport", "=", str(self.cache.kube_api_port)],
                                capture_output=True, text=True).stdout)) from None
-        events = []
-        while True:
-            event = silent.next()
-            if event is None:
-                break
-            events.append(event)
+        events = silent.read_to_end(self, limit=len(names) + 1)
         self.assertTrue(events, "the silent watcher's stream")
         self.assertEqual(events[-1]["type"], "ERROR", events[-1])
         self.assertIn("too slow", events[-1]["object"]["message"])
         added = [e["object"]["metadata"]["name"] for e in events[:-1] if e["type"] == "ADDED"]
         self.assertLess(len(added), len(names))
         self.assertEqual(added, order[:len(added)])
-
-    def view_watches_now(self):
-        return self.metric("shardcache_kube_api_watches")
 
 
 class StartupTest(unittest.TestCase):
