@@ -368,8 +368,10 @@ int Run(Config config, const std::string& role_name) {
   std::unique_ptr<KubeApiServer> kube_api;
   int kube_api_port = 0;
   if (!config.kube_api_listen.empty()) {
-    kube_api = std::make_unique<KubeApiServer>(KubeApiServer::Options(), &store, &watch_cache,
-                                               &metrics, authorizer.get(), registry.get());
+    KubeApiServer::Options kube_api_options;
+    kube_api_options.write_timeout = config.watch.stall_timeout + absl::Seconds(10);
+    kube_api = std::make_unique<KubeApiServer>(kube_api_options, &store, &watch_cache, &metrics,
+                                               authorizer.get(), registry.get());
     if (config.tls.server_enabled()) {
       absl::StatusOr<std::shared_ptr<ReloadingKeyPair>> keys = ReloadingKeyPair::Load(config.tls);
       if (!keys.ok()) {

@@ -75,8 +75,11 @@ class KubeApiServer {
     // The longest a watch lasts; a watch that asks for no timeoutSeconds (or a longer one) ends
     // after this, and the client watches again, as with kube-apiserver's request timeout.
     absl::Duration max_watch_timeout = absl::Minutes(30);
-    // A write to a client that takes longer than this ends its connection.
-    absl::Duration write_timeout = absl::Seconds(10);
+    // A write to a client that takes longer than this ends its connection. cache_server sets
+    // it 10 s above --watch-stall-timeout, so that a watch whose client reads slowly has the
+    // grace of a gRPC watch (parked, caught up from the history), and one whose client has
+    // stopped is ended as too slow before its write gives up.
+    absl::Duration write_timeout = absl::Seconds(30);
     // Connections served at once.
     int max_connections = 4096;
     // Each connection's socket send buffer (SO_SNDBUF; the kernel doubles it): with the
