@@ -274,7 +274,7 @@ TEST_F(ReflectorTest, Resume_AfterServerRestart_DoesNotRelist) {
 
 // Writes `writes` objects through the store after the first page of a list is served, so that
 // the list's snapshot leaves a small history window before the next page is asked for.
-class ExpiringListerWatcher : public ListerWatcher {
+class ExpiringListerWatcher final : public ListerWatcher {
  public:
   ExpiringListerWatcher(std::unique_ptr<ListerWatcher> inner, std::function<void()> writes)
       : inner_(std::move(inner)), writes_(std::move(writes)) {}
@@ -284,7 +284,7 @@ class ExpiringListerWatcher : public ListerWatcher {
     if (limits_.size() == 1) writes_();
     return page;
   }
-  std::unique_ptr<WatchEventStream> Watch(const std::string& rv) override {
+  std::unique_ptr<AsyncWatchEventStream> Watch(const std::string& rv) override {
     return inner_->Watch(rv);
   }
   void Shutdown() override { inner_->Shutdown(); }
