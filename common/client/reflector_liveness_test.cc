@@ -81,7 +81,8 @@ v1::WatchEvent Event(v1::WatchEvent::Type type, const std::string& name, const s
   return e;
 }
 
-// Each test runs twice: with a watchdog thread, and with the watchdog on a WorkerPool's timer
+// Each test runs twice: on a thread of the reflector's own (which also waits out the idle timeout
+// and the backoff on the clock), and as turns on a one-thread WorkerPool, with no thread of its own
 // (then the pool's timer thread is the one waiting on the clock).
 class ReflectorLivenessTest : public ::testing::TestWithParam<bool> {
  protected:
@@ -119,7 +120,7 @@ class ReflectorLivenessTest : public ::testing::TestWithParam<bool> {
   std::unique_ptr<Reflector> reflector_;
 };
 
-INSTANTIATE_TEST_SUITE_P(Watchdog, ReflectorLivenessTest, ::testing::Bool(),
+INSTANTIATE_TEST_SUITE_P(Driver, ReflectorLivenessTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "OnAPool" : "OwnThread";
                          });
@@ -131,8 +132,8 @@ TEST_P(ReflectorLivenessTest, SilentWatch_IsCancelledAfterTheIdleTimeout_AndResu
   std::shared_ptr<ScriptedStream> first = lw_->stream(0);
   EXPECT_EQ(first->from(), "5");
   const absl::Time opened = clock_.Now();
-  // The watchdog, woken by the new stream, waits on the clock again with the stream's deadline:
-  // until then it is still counted among the clock's waiters with its old, endless one.
+  // The reflector's thread (or the pool's timer), woken by the new stream, waits on the clock
+  // again with the stream's deadline: until then it may still wait with an older one.
   ASSERT_TRUE(WaitFor([&] { return clock_.NextDeadline() == opened + absl::Seconds(15); }));
 
   // A bookmark 10 s in restarts the timer: the watch is alive until 15 s after it.
@@ -143,12 +144,12 @@ TEST_P(ReflectorLivenessTest, SilentWatch_IsCancelledAfterTheIdleTimeout_AndResu
   const absl::Time bookmarked = clock_.Now();
 
   // Move the clock a second at a time; the watchdog must cancel the stream only once 15 s have
-  // passed since the bookmark (25 s after it opened), not 15 s after it opened. The watchdog is
-  // the one thread waiting on the clock while the loop reads the stream: once it waits again
-  // after an Advance, it has done what that moment asked of it.
+  // passed since the bookmark (25 s after it opened), not 15 s after it opened. One thread waits
+  // on the clock while the watch is open (the reflector's, or the pool's timer): once it waits
+  // again after an Advance, it has done what that moment asked of it.
   for (int i = 0; i < 20 && !first->cancelled(); ++i) {
     clock_.Advance(absl::Seconds(1));
-    ASSERT_TRUE(clock_.AwaitWaiters(1)) << "the watchdog waits on the clock again";
+    ASSERT_TRUE(clock_.AwaitWaiters(1)) << "the reflector's timer waits on the clock again";
   }
   ASSERT_TRUE(first->cancelled()) << "the silent watch was never taken for dead";
   EXPECT_EQ(first->cancelled_at() - bookmarked, absl::Seconds(15));
@@ -158,7 +159,7 @@ TEST_P(ReflectorLivenessTest, SilentWatch_IsCancelledAfterTheIdleTimeout_AndResu
   // After its backoff delay (1 s on the clock) it watches again from the bookmark's revision,
   // without listing again.
   ASSERT_TRUE(WaitFor([&] { return reflector_->backoff_waits() == 1; }));
-  // The backoff waits on the clock once it has read the time (the watchdog's wait is endless).
+  // The backoff waits on the clock once it has read the time.
   ASSERT_TRUE(WaitFor([&] { return clock_.NextDeadline() != absl::InfiniteFuture(); }));
   EXPECT_EQ(clock_.NextDeadline() - clock_.Now(), absl::Seconds(1));
   clock_.Advance(absl::Seconds(1));
@@ -249,6 +250,26 @@ TEST_P(ReflectorLivenessTest, HeadersOfAnotherStore_MakeTheReflectorListAgainAtO
   EXPECT_EQ(reflector_->store_changes(), 1);
   EXPECT_EQ(reflector_->backoff_waits(), 1);  // the relist did not wait
   EXPECT_THAT(sink_.Log(), ElementsAre("REPLACE 1@5", "BOOKMARK 6", "REPLACE 2@12"));
+  reflector_->Stop();
+}
+
+// A burst far larger than a turn's share (kEventsPerTurn) reaches the sink whole and in order,
+// over several turns on a pool.
+TEST_P(ReflectorLivenessTest, Burst_IsDeliveredWholeAndInOrder) {
+  Make(absl::Seconds(15));
+  reflector_->Start();
+  ASSERT_TRUE(WaitFor([&] { return lw_->streams() == 1; }));
+  constexpr int kEvents = 3 * Reflector::kEventsPerTurn + 5;
+  std::vector<std::string> want = {"REPLACE 1@5"};
+  for (int i = 0; i < kEvents; ++i) {
+    const std::string name = absl::StrCat("o", i);
+    lw_->stream(0)->Push(Event(v1::WatchEvent::ADDED, name, absl::StrCat(6 + i), "store-1"));
+    want.push_back(absl::StrCat("ADD ", name));
+  }
+  const std::string last = absl::StrCat(6 + kEvents - 1);
+  ASSERT_TRUE(WaitFor([&] { return reflector_->LastResourceVersion() == last; }));
+  EXPECT_EQ(sink_.Log(), want);
+  EXPECT_EQ(lw_->streams(), 1);
   reflector_->Stop();
 }
 
