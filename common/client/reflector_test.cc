@@ -179,6 +179,17 @@ class ReflectorTest : public ::testing::TestWithParam<bool> {
     reflector_ = *std::move(r);
   }
 
+  // A reflector of widgets with FastOptions (on the pool, if asked) that feeds `sink`; null (and
+  // a failure) if it cannot be made.
+  std::unique_ptr<Reflector> NewReflector(ReflectorSink* sink) {
+    auto lw = StoreListerWatcher::Create(stub_, kWidgets, {}, {});
+    EXPECT_TRUE(lw.ok()) << lw.status();
+    if (!lw.ok()) return nullptr;
+    auto r = Reflector::Create(*std::move(lw), sink, Pooled(FastOptions()));
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *std::move(r) : nullptr;
+  }
+
   v1::Object Put(const v1::GroupVersionResource& gvr, const std::string& name,
                  const std::string& color = "red") {
     v1::UpdateRequest req;
@@ -560,7 +571,7 @@ TEST_P(ReflectorTest, DestroyedFromItsOwnStoppedCallback_ThreadEndsCleanly) {
     void Delete(ObjectRef) override {}
     void Bookmark(const std::string&) override {}
     void Stopped(const absl::Status&) override {
-      owned.reset();  // the reflector's destructor runs here, on its loop thread
+      owned.reset();  // the reflector's destructor runs here, on its loop thread or turn
       destroyed.Notify();
     }
     std::unique_ptr<Reflector> owned;
@@ -592,11 +603,8 @@ TEST_P(ReflectorTest, StopFromInsideASinkMethod_ReturnsAtOnce_ThenTheLoopEnds) {
     absl::Notification returned;
   };
   StoppingSink sink;
-  auto lw = StoreListerWatcher::Create(stub_, kWidgets, {}, {});
-  ASSERT_TRUE(lw.ok()) << lw.status();
-  auto r = Reflector::Create(*std::move(lw), &sink, Pooled(FastOptions()));
-  ASSERT_TRUE(r.ok()) << r.status();
-  std::unique_ptr<Reflector> reflector = *std::move(r);
+  std::unique_ptr<Reflector> reflector = NewReflector(&sink);
+  ASSERT_NE(reflector, nullptr);
   sink.reflector = reflector.get();
   reflector->Start();
   ASSERT_TRUE(Eventually([&] { return reflector->HasSynced(); }, "reflector->HasSynced()"));
@@ -636,11 +644,8 @@ TEST_P(ReflectorTest, StopOrDestroy_WhileEventsArrive_EndsCleanly) {
   for (int round = 0; round < 20; ++round) {
     RecordingSink sink;
     {
-      auto lw = StoreListerWatcher::Create(stub_, kWidgets, {}, {});
-      ASSERT_TRUE(lw.ok()) << lw.status();
-      auto r = Reflector::Create(*std::move(lw), &sink, Pooled(FastOptions()));
-      ASSERT_TRUE(r.ok()) << r.status();
-      std::unique_ptr<Reflector> reflector = *std::move(r);
+      std::unique_ptr<Reflector> reflector = NewReflector(&sink);
+      ASSERT_NE(reflector, nullptr);
       reflector->Start();
       ASSERT_TRUE(Eventually([&] { return sink.Log().size() > 3; }, "the watch delivers events",
                              [&] {
