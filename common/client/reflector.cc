@@ -133,6 +133,7 @@ void Reflector::Start() {
 }
 
 void Reflector::Stop() {
+  const std::shared_ptr<absl::Notification> stopped_returned = stopped_returned_;
   std::shared_ptr<AsyncWatchEventStream> stream;
   bool never_started = false;
   {
@@ -157,6 +158,7 @@ void Reflector::Stop() {
   lw_->Shutdown();  // cancels a List in flight
   if (never_started) {
     sink_->Stopped(StopReason());
+    stopped_returned->Notify();
     return;
   }
   if (current_reflector == this) return;  // from a sink method: the loop ends after it
@@ -170,6 +172,8 @@ void Reflector::Stop() {
   options_.pool->Detach(&turns_);
   options_.pool->Detach(&timer_);
   Finish(CancelledByStop());
+  // Another thread may be in the sink's Stopped (a concurrent Stop()): wait for it to return.
+  stopped_returned->WaitForNotification();
 }
 
 bool Reflector::HasSynced() const {
@@ -277,8 +281,13 @@ void Reflector::WaitForWork() {
       mu_.Lock();
       continue;
     }
-    options_.clock->AwaitWithDeadline(&mu_, absl::Condition(this, &Reflector::WokenLocked),
-                                      deadline);
+    if (deadline == absl::InfiniteFuture()) {
+      // Nothing timed: no wait on the clock (a test's FakeClock then counts only timed waits).
+      mu_.Await(absl::Condition(this, &Reflector::WokenLocked));
+    } else {
+      options_.clock->AwaitWithDeadline(&mu_, absl::Condition(this, &Reflector::WokenLocked),
+                                        deadline);
+    }
   }
   mu_.Unlock();
 }
@@ -604,8 +613,12 @@ void Reflector::Finish(const absl::Status& reason) {
     stopped_ = true;
     stop_reason_ = reason;
   }
-  CurrentReflector current(this);
-  sink_->Stopped(reason);  // last: the sink may destroy this reflector
+  const std::shared_ptr<absl::Notification> stopped_returned = stopped_returned_;
+  {
+    CurrentReflector current(this);
+    sink_->Stopped(reason);  // the sink may destroy this reflector
+  }
+  stopped_returned->Notify();
 }
 
 }  // namespace shardcache

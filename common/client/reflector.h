@@ -26,9 +26,9 @@
 // a store whose data directory was wiped and refilled may be past the reflector's revision and
 // would "resume" a watch with none of the changes in between. So the reflector remembers the
 // identity of its last list, and when a watch names another store (in its response headers,
-// WatchEventStream::StoreId(), or else at its first event) it drops the stream without applying
-// anything and lists again (at once, unless the watch was the first after a list, which backs
-// off), logged at warning and counted (store_changes()).
+// AsyncWatchEventStream::StoreId(), or else at its first event) it drops the stream without
+// applying anything and lists again (at once, unless the watch was the first after a list, which
+// backs off), logged at warning and counted (store_changes()).
 //
 // Liveness: a watch that has received neither an event nor a bookmark for
 // Options::watch_idle_timeout (on the Clock) is taken for dead (a half-open connection, a paused
@@ -67,7 +67,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/backoff.h"
+#include "common/client/async_watch_stream.h"
 #include "common/client/lister_watcher.h"
 #include "common/client/thread_safe_store.h"
 #include "common/client/worker_pool.h"
@@ -267,6 +269,10 @@ class Reflector {
   const Options options_;
   const std::string name_;
   const std::unique_ptr<Metrics> metrics_;  // null: no metrics; thread-safe
+  // Notified once the sink's Stopped has returned, for a Stop() on a pool that did not make that
+  // call itself. Shared, so that the notifier touches nothing of a reflector its sink destroyed.
+  const std::shared_ptr<absl::Notification> stopped_returned_ =
+      std::make_shared<absl::Notification>();
   Turns turns_{this};
   Timer timer_{this};
 

@@ -7,14 +7,18 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <deque>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/client/lister_watcher.h"
 #include "common/client/reflector.h"
 #include "common/clock.h"
@@ -27,9 +31,12 @@
 namespace shardcache {
 namespace {
 
+using ::shardcache::testing::Eventually;
 using ::shardcache::testing::ScriptedListerWatcher;
 using ::shardcache::testing::ScriptedStream;
 using ::shardcache::testing::StatusIs;
+using ::shardcache::testing::ThisThreadId;
+using ::shardcache::testing::ThreadAsleep;
 using ::shardcache::testing::WaitFor;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -86,7 +93,8 @@ v1::WatchEvent Event(v1::WatchEvent::Type type, const std::string& name, const s
 // (then the pool's timer thread is the one waiting on the clock).
 class ReflectorLivenessTest : public ::testing::TestWithParam<bool> {
  protected:
-  void Make(absl::Duration idle_timeout) {
+  // A reflector over a scripted ListerWatcher that feeds `sink` (null: sink_).
+  void Make(absl::Duration idle_timeout, ReflectorSink* sink = nullptr) {
     auto lw = std::make_unique<ScriptedListerWatcher>(&clock_);
     lw_ = lw.get();
     lw_->SetList("store-1", "5", {"a"});
@@ -103,7 +111,7 @@ class ReflectorLivenessTest : public ::testing::TestWithParam<bool> {
       pool_ = *std::move(pool);
       o.pool = pool_.get();
     }
-    auto r = Reflector::Create(std::move(lw), &sink_, o);
+    auto r = Reflector::Create(std::move(lw), sink != nullptr ? sink : &sink_, o);
     ASSERT_TRUE(r.ok()) << r.status();
     reflector_ = *std::move(r);
   }
@@ -271,6 +279,51 @@ TEST_P(ReflectorLivenessTest, Burst_IsDeliveredWholeAndInOrder) {
   EXPECT_EQ(sink_.Log(), want);
   EXPECT_EQ(lw_->streams(), 1);
   reflector_->Stop();
+}
+
+// Two Stop() calls at once: the one that does not end the loop itself still returns only once
+// the sink's Stopped has returned.
+TEST_P(ReflectorLivenessTest, ConcurrentStops_NeitherReturnsBeforeStopped) {
+  class BlockingSink : public NamesSink {
+   public:
+    void Stopped(const absl::Status&) override {
+      entered.Notify();
+      release.WaitForNotification();
+    }
+    absl::Notification entered;
+    absl::Notification release;
+  };
+  BlockingSink sink;
+  Make(absl::Seconds(15), &sink);
+  reflector_->Start();
+  ASSERT_TRUE(WaitFor([&] { return lw_->streams() == 1; }));
+  std::atomic<int> returned{0};
+  std::thread first([&] {
+    reflector_->Stop();
+    returned.fetch_add(1);
+  });
+  absl::Cleanup join_first = [&] {
+    if (!sink.release.HasBeenNotified()) sink.release.Notify();
+    first.join();
+  };
+  ASSERT_TRUE(sink.entered.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  std::atomic<pid_t> second_tid{0};
+  std::thread second([&] {
+    second_tid = ThisThreadId();
+    reflector_->Stop();
+    returned.fetch_add(1);
+  });
+  absl::Cleanup join_second = [&] {
+    if (!sink.release.HasBeenNotified()) sink.release.Notify();
+    second.join();
+  };
+  ASSERT_TRUE(Eventually(
+      [&] { return returned.load() > 0 || (second_tid != 0 && ThreadAsleep(second_tid)); },
+      "the second Stop() returns or waits"));
+  EXPECT_EQ(returned.load(), 0) << "a Stop() returned while Stopped was still running";
+  sink.release.Notify();
+  ASSERT_TRUE(WaitFor([&] { return returned.load() == 2; }));
+  reflector_.reset();
 }
 
 TEST_P(ReflectorLivenessTest, Create_RejectsANegativeIdleTimeout) {
