@@ -104,7 +104,7 @@ absl::Status ShardReplicator::Init() {
     DynamicInformerFactory::Options o;
     o.follow_definitions = follow_definitions;
     o.informer.clock = options_.clock;
-    o.informer.pool = pool_.get();  // handlers add no threads
+    o.informer.pool = pool_.get();  // informers add no threads: reflectors and handlers run on it
     o.informer.reflector.backoff = relist;
     o.informer.reflector.watch_idle_timeout = options_.watch_idle_timeout;
     o.informer.reflector.registry = options_.registry;

@@ -60,8 +60,8 @@ class ShardReplicator {
     absl::Duration retry_period = absl::Seconds(2);
     // How many keys of each controller's queue are reconciled at once (--workers).
     int workers = 4;
-    // The threads that run every controller's reconciles, however many CCRs there are
-    // (--worker-threads).
+    // The threads that run every controller's reconciles and every informer's reflector and
+    // handlers, however many CCRs there are (--worker-threads).
     int worker_threads = 8;
     absl::Duration resync_period = absl::Minutes(5);
     // gRPC keepalive of the channels to the shard store and the cache.

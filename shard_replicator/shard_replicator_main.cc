@@ -41,7 +41,8 @@ ABSL_FLAG(int32_t, workers, 4,
           "how many keys of each controller (the CCRs', each CCR's replication) are reconciled "
           "at once, at most");
 ABSL_FLAG(int32_t, worker_threads, 8,
-          "the threads that reconcile for every controller, however many CCRs there are");
+          "the threads that reconcile for every controller and run every informer (its lists, "
+          "watch events and handlers), however many CCRs there are");
 ABSL_FLAG(absl::Duration, resync_period, absl::Minutes(5),
           "how often every replicated object is reconciled again even without a change (0: never)");
 ABSL_FLAG(std::string, http_listen, "127.0.0.1:8080",

@@ -23,9 +23,9 @@
 // the informer's own internal references, e.g. its delivery threads'). Once the last handle is
 // gone, the informer is unused; if it stays unused for Options::release_after (on the informers'
 // Clock), the factory drops it from its map and stops it (CANCELLED, "released"), which ends its
-// reflector and watchdog threads and its watch stream. A ForResource call within that grace
-// period takes the same running informer back (no new list or watch); one after the release gets
-// a fresh running informer. So:
+// reflector (its thread, or its turns on Options::informer.pool) and its watch stream. A
+// ForResource call within that grace period takes the same running informer back (no new list or
+// watch); one after the release gets a fresh running informer. So:
 //   * an informer is released only when nobody holds it: one held for the life of the process
 //     (e.g. a replicator's CCR informers) is never released, and a user that holds its handle
 //     is never told that it stopped because of a release. Hold the handle for as long as you use

@@ -90,7 +90,8 @@ absl::StatusOr<v1::ListResponse> StoreListerWatcher::List(int64_t limit,
   return resp;
 }
 
-std::unique_ptr<WatchEventStream> StoreListerWatcher::Watch(const std::string& resource_version) {
+std::unique_ptr<AsyncWatchEventStream> StoreListerWatcher::Watch(
+    const std::string& resource_version) {
   v1::WatchRequest req;
   SetResourceAndFilters(&req);
   req.set_resource_version(resource_version);
@@ -106,7 +107,7 @@ std::unique_ptr<WatchEventStream> StoreListerWatcher::Watch(const std::string& r
   options.description = Describe();
   options.calls = calls_;
   options.counters = watch_counters_;
-  return std::make_unique<WatchStream>(stub_, std::move(req), std::move(options));
+  return std::make_unique<AsyncWatchStream>(stub_, std::move(req), std::move(options));
 }
 
 void StoreListerWatcher::Shutdown() { calls_->Shutdown(); }

@@ -1,32 +1,35 @@
 // ListerWatcher: the only part of the informer machinery that talks to the store (client-go's
 // cache.ListerWatcher). A Reflector lists through it, then watches through it.
 //
-//   absl::StatusOr<v1::ListResponse> page = lw->List(500, "");        // one page
-//   std::unique_ptr<WatchEventStream> w = lw->Watch(page->resource_version());
+//   absl::StatusOr<v1::ListResponse> page = lw->List(500, "");        // one page; blocks
+//   std::unique_ptr<AsyncWatchEventStream> w = lw->Watch(page->resource_version());
+//   w->Start([&] { Wake(); });                                         // never blocks
 //   v1::WatchEvent e;
-//   while (w->Next(&e)) { ... }                                        // blocks
-//   absl::Status why = w->Finish();                                    // why it ended
+//   while (w->Next(&e) == AsyncWatchEventStream::Poll::kEvent) { ... }
+//   // kPending: wait for Wake(); kEnded: w->Finish() says why
 //
 // StoreListerWatcher implements it for one resource (GroupVersionResource) and its filters over
 // a shardcache.v1.Store stub. Errors are the store's codes as absl::Status: NOT_FOUND (the
 // resource is not served, or stopped being served), OUT_OF_RANGE (too old resource version: list
 // again), INVALID_ARGUMENT, UNAVAILABLE / DEADLINE_EXCEEDED (retry), CANCELLED (Shutdown or
-// WatchEventStream::Cancel was called).
+// AsyncWatchEventStream::Cancel was called).
 //
 // Store identity: a List answer (ListResponse.store_id) and every watch event (WatchEvent.store_id)
 // name the store that sent them, and so do the response headers of a watch
-// (WatchEventStream::StoreId, at once, before any event); the Reflector compares them (see
+// (AsyncWatchEventStream::StoreId, before any event); the Reflector compares them (see
 // reflector.h).
 //
-// Its watches are WatchStreams (watch_stream.h): they ask the store for batched events and unpack
-// them, so a Reflector sees one event at a time whatever the store sent; watch_stats() counts
-// what they received. They also ask for periodic bookmarks (WatchRequest.allow_bookmarks), which
-// the store sends only to watches that ask: the Reflector's resourceVersion stays recent and its
-// watch_idle_timeout sees the stream alive while nothing changes (reflector.h).
+// Its watches are AsyncWatchStreams (async_watch_stream.h): no thread waits for them; gRPC's
+// threads store what arrives and wake the reader, which takes the events when it runs. They ask
+// the store for batched events and unpack them, so a Reflector sees one event at a time whatever
+// the store sent; watch_stats() counts what they received. They also ask for periodic bookmarks
+// (WatchRequest.allow_bookmarks), which the store sends only to watches that ask: the
+// Reflector's resourceVersion stays recent and its watch_idle_timeout sees the stream alive while
+// nothing changes (reflector.h).
 //
 // Thread-safety: a ListerWatcher may be called from any thread, and Shutdown() from any thread at
-// any time. A WatchEventStream's Next and Finish are for one thread (its reader); Cancel may be
-// called from any thread, at any time before the stream is destroyed.
+// any time. An AsyncWatchEventStream's Start, Next, StoreId and Finish are for one reader at a
+// time; Cancel may be called from any thread, at any time before the stream is destroyed.
 #ifndef SHARDCACHE_COMMON_CLIENT_LISTER_WATCHER_H_
 #define SHARDCACHE_COMMON_CLIENT_LISTER_WATCHER_H_
 
@@ -37,6 +40,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/client/async_watch_stream.h"
 #include "common/client/watch_stream.h"
 #include "shardcache/v1/store.grpc.pb.h"
 #include "shardcache/v1/store.pb.h"
@@ -52,10 +56,11 @@ class ListerWatcher {
   // continue_token is empty on the last page.
   virtual absl::StatusOr<v1::ListResponse> List(int64_t limit,
                                                 const std::string& continue_token) = 0;
-  // Opens a watch of the changes after `resource_version` (which must not be empty: a reflector
-  // always watches from a list's or an event's revision). Never null; an error to open shows as
-  // Next() returning false and Finish() returning it. The stream may outlive this object.
-  virtual std::unique_ptr<WatchEventStream> Watch(const std::string& resource_version) = 0;
+  // A watch of the changes after `resource_version` (which must not be empty: a reflector
+  // always watches from a list's or an event's revision), not yet started (the reader calls
+  // Start). Never null; an error to open shows as Next() returning kEnded and Finish() returning
+  // it. Never blocks. The stream may outlive this object.
+  virtual std::unique_ptr<AsyncWatchEventStream> Watch(const std::string& resource_version) = 0;
   // Cancels the List calls and watch streams in flight, and makes every later call fail at once
   // with CANCELLED. Permanent. Any thread; idempotent.
   virtual void Shutdown() = 0;
@@ -80,7 +85,7 @@ struct ListWatchFilters {
 };
 
 // Lists and watches one resource of a shardcache store through its gRPC stub.
-class StoreListerWatcher : public ListerWatcher {
+class StoreListerWatcher final : public ListerWatcher {
  public:
   struct Options {
     // Deadline of each List call (one page).
@@ -101,7 +106,7 @@ class StoreListerWatcher : public ListerWatcher {
   ~StoreListerWatcher() override;
 
   absl::StatusOr<v1::ListResponse> List(int64_t limit, const std::string& continue_token) override;
-  std::unique_ptr<WatchEventStream> Watch(const std::string& resource_version) override;
+  std::unique_ptr<AsyncWatchEventStream> Watch(const std::string& resource_version) override;
   void Shutdown() override;
   std::string Describe() const override;
 

@@ -32,6 +32,25 @@ struct Reflector::Metrics {
 
 namespace {
 
+// The reflector whose step (or final call to its sink) this thread is running, if any: Stop() from
+// inside a sink method must not wait for itself.
+thread_local const Reflector* current_reflector = nullptr;
+
+// Sets current_reflector for the scope (touching nothing of the reflector itself, which the sink
+// may destroy meanwhile).
+class CurrentReflector {
+ public:
+  explicit CurrentReflector(const Reflector* r) : previous_(current_reflector) {
+    current_reflector = r;
+  }
+  ~CurrentReflector() { current_reflector = previous_; }
+  CurrentReflector(const CurrentReflector&) = delete;
+  CurrentReflector& operator=(const CurrentReflector&) = delete;
+
+ private:
+  const Reflector* const previous_;
+};
+
 // Errors that retrying cannot cure: the reflector stops.
 bool IsTerminal(const absl::Status& s) {
   return s.code() == absl::StatusCode::kNotFound ||
@@ -83,10 +102,20 @@ Reflector::~Reflector() {
   // owner of the last reference to the sink dropped it there). That thread touches nothing of
   // this object after the call returns, so it is let go instead of joined.
   absl::MutexLock t(&thread_mu_);
-  if (thread_.joinable() && thread_.get_id() == std::this_thread::get_id()) thread_.detach();
-  // The loop has ended (stopped_ is set before the sink's last call), so the watchdog has too.
-  if (watchdog_.joinable()) watchdog_.join();
-  if (options_.pool != nullptr) options_.pool->Detach(&pool_watchdog_);
+  if (thread_.joinable()) {
+    if (thread_.get_id() == std::this_thread::get_id()) {
+      thread_.detach();
+    } else {
+      thread_.join();
+    }
+  }
+  // Stop() detached both, unless it ran inside a turn (from Stopped, on a pool): detaching the
+  // turns from inside one returns at once, and that turn touches nothing after Stopped; a Tick
+  // in progress is waited for.
+  if (options_.pool != nullptr) {
+    options_.pool->Detach(&turns_);
+    options_.pool->Detach(&timer_);
+  }
 }
 
 void Reflector::Start() {
@@ -95,41 +124,56 @@ void Reflector::Start() {
     absl::MutexLock l(&mu_);
     if (started_) return;
     started_ = true;
+    if (options_.pool != nullptr) {
+      NotifyLocked();  // the first turn
+      return;
+    }
   }
-  thread_ = std::thread([this] { Run(); });
-  if (options_.watch_idle_timeout > absl::ZeroDuration() && options_.pool == nullptr) {
-    watchdog_ = std::thread([this] { RunWatchdog(); });
-  }
+  thread_ = std::thread([this] { RunThread(); });
 }
 
 void Reflector::Stop() {
-  bool on_loop_thread = false;
+  const std::shared_ptr<absl::Notification> stopped_returned = stopped_returned_;
+  std::shared_ptr<AsyncWatchEventStream> stream;
   bool never_started = false;
   {
     absl::MutexLock l(&mu_);
     if (!stop_requested_) {
       stop_requested_ = true;
-      if (current_stream_ != nullptr) current_stream_->Cancel();
+      stream = current_stream_;
     }
-    on_loop_thread = loop_thread_id_ == std::this_thread::get_id();
     if (!started_) {
       started_ = true;  // Start() must not run the loop any more
       never_started = true;
+      finished_ = true;
       stopped_ = true;
       stop_reason_ = absl::CancelledError(
           absl::StrCat("reflector ", name_, ": stopped by Stop() before it started"));
     }
   }
+  if (stream != nullptr) {
+    stream->Cancel();  // without mu_: the stream may call Notify from here
+    stream.reset();
+  }
   lw_->Shutdown();  // cancels a List in flight
   if (never_started) {
     sink_->Stopped(StopReason());
+    stopped_returned->Notify();
     return;
   }
-  if (on_loop_thread) return;
-  absl::MutexLock t(&thread_mu_);
-  if (thread_.joinable()) thread_.join();
-  if (watchdog_.joinable()) watchdog_.join();
-  if (options_.pool != nullptr) options_.pool->Detach(&pool_watchdog_);
+  if (current_reflector == this) return;  // from a sink method: the loop ends after it
+  if (options_.pool == nullptr) {
+    absl::MutexLock t(&thread_mu_);
+    if (thread_.joinable()) thread_.join();
+    return;
+  }
+  // No turn is queued after these (Notify schedules none once a stop is requested), and the one
+  // in progress, if any, has returned: either it ended the loop, or it is left to this thread.
+  options_.pool->Detach(&turns_);
+  options_.pool->Detach(&timer_);
+  Finish(CancelledByStop());
+  // Another thread may be in the sink's Stopped (a concurrent Stop()): wait for it to return.
+  stopped_returned->WaitForNotification();
 }
 
 bool Reflector::HasSynced() const {
@@ -162,118 +206,229 @@ std::string Reflector::StoreId() const {
   return store_id_;
 }
 
+absl::Status Reflector::CancelledByStop() const {
+  return absl::CancelledError(absl::StrCat("reflector ", name_, ": stopped by Stop()"));
+}
+
 void Reflector::SawEvent(const std::string& rv) {
   absl::MutexLock l(&mu_);
   if (!rv.empty()) last_rv_ = rv;
   last_activity_ = options_.clock->Now();
 }
 
-bool Reflector::WatchdogShouldWake() const {
-  return stop_requested_ || stopped_ || stream_generation_ != watchdog_generation_;
+// ---- Drivers ----
+
+void Reflector::NotifyLocked() {
+  wake_ = true;
+  if (options_.pool == nullptr || scheduled_ || stop_requested_ || finished_ || !started_) return;
+  scheduled_ = true;
+  options_.pool->Schedule(&turns_);
 }
 
-absl::Time Reflector::WatchdogCheckLocked(absl::Time now) {
-  // Without an open watch (or with one cancelled already), only a new watch or the end wakes
-  // it; with one, also the moment it will have been idle for the limit if nothing arrives.
-  if (stop_requested_ || stopped_ || current_stream_ == nullptr || idle_cancelled_) {
-    return absl::InfiniteFuture();
-  }
-  if (now - last_activity_ >= options_.watch_idle_timeout) {
-    // Not a word from the store for several bookmark intervals: the connection is most likely
-    // dead without having been reset. The loop reports it once the stream ends.
-    idle_cancelled_ = true;
-    current_stream_->Cancel();
-    return absl::InfiniteFuture();
-  }
-  return last_activity_ + options_.watch_idle_timeout;
-}
-
-void Reflector::RunWatchdog() {
+void Reflector::Notify() {
   absl::MutexLock l(&mu_);
-  while (!stop_requested_ && !stopped_) {
-    absl::Time deadline = WatchdogCheckLocked(options_.clock->Now());
-    watchdog_generation_ = stream_generation_;
-    options_.clock->AwaitWithDeadline(&mu_, absl::Condition(this, &Reflector::WatchdogShouldWake),
-                                      deadline);
-  }
+  NotifyLocked();
 }
 
-void Reflector::WatchdogTick(absl::Time now) {
-  absl::MutexLock l(&mu_);
-  absl::Time next = WatchdogCheckLocked(now);
-  if (next != absl::InfiniteFuture()) options_.pool->WakeAt(&pool_watchdog_, next);
-}
-
-void Reflector::Run() {
-  {
-    absl::MutexLock l(&mu_);
-    loop_thread_id_ = std::this_thread::get_id();
-  }
-  absl::Status reason = Loop();
-  if (reason.code() == absl::StatusCode::kCancelled) {
-    spdlog::info("reflector {}: stopped", name_);
-  } else {
-    spdlog::warn("reflector {}: stopped for good: {}", name_, reason.ToString());
-  }
-  {
-    absl::MutexLock l(&mu_);
-    stopped_ = true;
-    stop_reason_ = reason;
-  }
-  sink_->Stopped(reason);
-}
-
-absl::Status Reflector::Loop() {
-  const absl::Status cancelled =
-      absl::CancelledError(absl::StrCat("reflector ", name_, ": stopped by Stop()"));
-  bool need_list = true;
-  int watches_since_list = 0;
-  while (true) {
-    if (StopRequested()) return cancelled;
-    if (need_list) {
-      absl::Status listed = ListAll();
-      if (StopRequested()) return cancelled;
-      if (IsTerminal(listed)) return listed;
-      if (!listed.ok()) {
-        spdlog::warn("reflector {}: list failed: {}", name_, listed.ToString());
-        if (!WaitBackoff()) return cancelled;
-        continue;
-      }
-      need_list = false;
-      watches_since_list = 0;
-    }
-    ++watches_since_list;
-    WatchResult watched = WatchOnce();
-    if (StopRequested()) return cancelled;
-    if (watched.store_changed) {
-      // Another store answers at this address: its revisions say nothing about what this
-      // reflector has seen. Only a list can tell what it holds.
-      need_list = true;
-      if (watches_since_list > 1) continue;  // a resumed watch: relist at once
-      // The list itself came from the store that now answers otherwise: back off below.
-    } else if (watched.idle) {
-      spdlog::warn(
-          "reflector {}: the watch received neither an event nor a bookmark for {}; taking it "
-          "for dead and watching again from resourceVersion {}",
-          name_, absl::FormatDuration(options_.watch_idle_timeout), LastResourceVersion());
-    } else if (IsTerminal(watched.status)) {
-      return watched.status;
-    } else if (watched.status.code() == absl::StatusCode::kOutOfRange) {
-      // The last revision left the store's history window: only a list can catch up.
-      spdlog::info("reflector {}: {}; listing again", name_, watched.status.ToString());
-      need_list = true;
-      if (watches_since_list > 1) continue;  // a resumed watch: relist at once
-      // The list's own revision was already too old (heavy writes): back off below.
-    } else if (watched.events > 0 &&
-               (watched.status.ok() ||
-                watched.status.code() == absl::StatusCode::kDeadlineExceeded)) {
-      continue;  // a healthy watch that reached its deadline: resume at once
+absl::Time Reflector::TimersLocked(absl::Time now, std::shared_ptr<AsyncWatchEventStream>* idle) {
+  if (stop_requested_ || finished_) return absl::InfiniteFuture();
+  absl::Time next = absl::InfiniteFuture();
+  if (backoff_until_ != absl::InfiniteFuture()) {
+    if (now >= backoff_until_) {
+      backoff_until_ = absl::InfiniteFuture();
+      NotifyLocked();
     } else {
-      spdlog::warn("reflector {}: watch ended after {} events: {}", name_, watched.events,
-                   watched.status.ToString());
+      next = backoff_until_;
     }
-    if (!WaitBackoff()) return cancelled;
   }
+  // Without an open watch (or with one cancelled already), only a new watch arms the watchdog.
+  if (options_.watch_idle_timeout > absl::ZeroDuration() && current_stream_ != nullptr &&
+      !idle_cancelled_) {
+    if (now - last_activity_ >= options_.watch_idle_timeout) {
+      // Not a word from the store for several bookmark intervals: the connection is most likely
+      // dead without having been reset. The loop reports it once the stream ends.
+      idle_cancelled_ = true;
+      *idle = current_stream_;
+    } else {
+      next = std::min(next, last_activity_ + options_.watch_idle_timeout);
+    }
+  }
+  return next;
+}
+
+void Reflector::RunThread() {
+  CurrentReflector current(this);
+  while (true) {
+    {
+      absl::MutexLock l(&mu_);
+      wake_ = false;  // what wakes it from here on is for the step below or the next
+    }
+    Next next = Step();
+    if (next == Next::kFinished) return;  // the sink may have destroyed this reflector
+    if (next != Next::kRunAgain) WaitForWork();
+  }
+}
+
+void Reflector::WaitForWork() {
+  mu_.Lock();
+  while (!WokenLocked()) {
+    std::shared_ptr<AsyncWatchEventStream> idle;
+    absl::Time deadline = TimersLocked(options_.clock->Now(), &idle);
+    if (idle != nullptr) {
+      mu_.Unlock();
+      idle->Cancel();  // without mu_: the stream may call Notify from here
+      idle.reset();
+      mu_.Lock();
+      continue;
+    }
+    if (deadline == absl::InfiniteFuture()) {
+      // Nothing timed: no wait on the clock (a test's FakeClock then counts only timed waits).
+      mu_.Await(absl::Condition(this, &Reflector::WokenLocked));
+    } else {
+      options_.clock->AwaitWithDeadline(&mu_, absl::Condition(this, &Reflector::WokenLocked),
+                                        deadline);
+    }
+  }
+  mu_.Unlock();
+}
+
+void Reflector::RunTurn() {
+  CurrentReflector current(this);
+  bool stop = false;
+  {
+    absl::MutexLock l(&mu_);
+    wake_ = false;
+    stop = stop_requested_;
+  }
+  Next next = stop ? Next::kRunAgain : Step();
+  if (next == Next::kFinished) return;  // the sink may have destroyed this reflector
+  {
+    absl::MutexLock l(&mu_);
+    scheduled_ = false;
+    stop = stop_requested_;
+    if (!stop && (next == Next::kRunAgain || wake_)) NotifyLocked();
+  }
+  // Stop() was called from a sink method of this turn, or is waiting for it to end: no other
+  // turn comes, so this one ends the loop.
+  if (stop) Finish(CancelledByStop());
+}
+
+void Reflector::Tick(absl::Time now) {
+  std::shared_ptr<AsyncWatchEventStream> idle;
+  {
+    absl::MutexLock l(&mu_);
+    absl::Time next = TimersLocked(now, &idle);
+    if (next != absl::InfiniteFuture()) options_.pool->WakeAt(&timer_, next);
+  }
+  if (idle != nullptr) idle->Cancel();  // without mu_: the stream may call Notify from here
+}
+
+// ---- Steps ----
+
+Reflector::Next Reflector::Step() {
+  if (StopRequested()) {
+    Finish(CancelledByStop());
+    return Next::kFinished;
+  }
+  switch (phase_) {
+    case Phase::kList:
+      return StepList();
+    case Phase::kWatch:
+      return StepWatch();
+    case Phase::kBackoff: {
+      absl::MutexLock l(&mu_);
+      if (backoff_until_ != absl::InfiniteFuture()) return Next::kWaitTime;
+      phase_ = after_backoff_;
+      return Next::kRunAgain;
+    }
+  }
+  return Next::kRunAgain;
+}
+
+Reflector::Next Reflector::StepList() {
+  absl::Status listed = ListAll();
+  if (StopRequested()) {
+    Finish(CancelledByStop());
+    return Next::kFinished;
+  }
+  if (IsTerminal(listed)) {
+    Finish(listed);
+    return Next::kFinished;
+  }
+  if (!listed.ok()) {
+    spdlog::warn("reflector {}: list failed: {}", name_, listed.ToString());
+    return StartBackoff(Phase::kList);
+  }
+  watches_since_list_ = 0;
+  phase_ = Phase::kWatch;
+  return Next::kRunAgain;
+}
+
+Reflector::Next Reflector::StepWatch() {
+  if (watch_ == nullptr) OpenWatch();
+  switch (PumpWatch()) {
+    case Pumped::kPending:
+      return Next::kWaitReady;
+    case Pumped::kBudget:
+      return Next::kRunAgain;
+    case Pumped::kEnded:
+      break;
+  }
+  return AfterWatch(EndWatch());
+}
+
+Reflector::Next Reflector::AfterWatch(const WatchResult& watched) {
+  if (StopRequested()) {
+    Finish(CancelledByStop());
+    return Next::kFinished;
+  }
+  if (watched.store_changed) {
+    // Another store answers at this address: its revisions say nothing about what this
+    // reflector has seen. Only a list can tell what it holds.
+    phase_ = Phase::kList;
+    if (watches_since_list_ > 1) return Next::kRunAgain;  // a resumed watch: relist at once
+    // The list itself came from the store that now answers otherwise: back off.
+    return StartBackoff(Phase::kList);
+  }
+  if (watched.idle) {
+    spdlog::warn(
+        "reflector {}: the watch received neither an event nor a bookmark for {}; taking it "
+        "for dead and watching again from resourceVersion {}",
+        name_, absl::FormatDuration(options_.watch_idle_timeout), LastResourceVersion());
+    return StartBackoff(Phase::kWatch);
+  }
+  if (IsTerminal(watched.status)) {
+    Finish(watched.status);
+    return Next::kFinished;
+  }
+  if (watched.status.code() == absl::StatusCode::kOutOfRange) {
+    // The last revision left the store's history window: only a list can catch up.
+    spdlog::info("reflector {}: {}; listing again", name_, watched.status.ToString());
+    phase_ = Phase::kList;
+    if (watches_since_list_ > 1) return Next::kRunAgain;  // a resumed watch: relist at once
+    // The list's own revision was already too old (heavy writes): back off.
+    return StartBackoff(Phase::kList);
+  }
+  if (watched.events > 0 &&
+      (watched.status.ok() || watched.status.code() == absl::StatusCode::kDeadlineExceeded)) {
+    return Next::kRunAgain;  // a healthy watch that reached its deadline: resume at once
+  }
+  spdlog::warn("reflector {}: watch ended after {} events: {}", name_, watched.events,
+               watched.status.ToString());
+  return StartBackoff(Phase::kWatch);
+}
+
+Reflector::Next Reflector::StartBackoff(Phase after) {
+  absl::Duration delay = backoff_.Next();
+  phase_ = Phase::kBackoff;
+  after_backoff_ = after;
+  {
+    absl::MutexLock l(&mu_);
+    backoff_until_ = options_.clock->Now() + delay;
+    if (options_.pool != nullptr) options_.pool->WakeAt(&timer_, backoff_until_);
+  }
+  backoff_waits_.fetch_add(1);  // after the deadline is set: a test may move the clock now
+  return Next::kWaitTime;
 }
 
 absl::Status Reflector::ListAll() {
@@ -329,68 +484,98 @@ absl::Status Reflector::ListAll() {
   return absl::OkStatus();
 }
 
-Reflector::WatchResult Reflector::WatchOnce() {
-  WatchResult result;
-  std::unique_ptr<WatchEventStream> stream = lw_->Watch(LastResourceVersion());
-  std::string store_id;
+void Reflector::OpenWatch() {
+  ++watches_since_list_;
+  watch_ = lw_->Watch(LastResourceVersion());
+  watch_result_ = WatchResult();
+  headers_checked_ = false;
+  bool cancel = false;
   {
     absl::MutexLock l(&mu_);
-    if (stop_requested_) stream->Cancel();
-    current_stream_ = stream.get();
-    store_id = store_id_;
+    cancel = stop_requested_;
+    current_stream_ = watch_;
+    watch_store_id_ = store_id_;
     last_activity_ = options_.clock->Now();
     idle_cancelled_ = false;
-    ++stream_generation_;
     if (options_.pool != nullptr && options_.watch_idle_timeout > absl::ZeroDuration()) {
-      options_.pool->WakeAt(&pool_watchdog_, last_activity_ + options_.watch_idle_timeout);
+      options_.pool->WakeAt(&timer_, last_activity_ + options_.watch_idle_timeout);
     }
   }
   watches_started_.fetch_add(1);
-  v1::WatchEvent event;
-  // Whether `served_by` (when known) is another store than the last list's; if so, ends the
-  // stream: nothing it says may reach the sink.
-  auto store_changed = [&](const std::string& served_by) {
-    if (served_by.empty() || served_by == store_id) return false;
-    spdlog::warn(
-        "reflector {}: the watch from resourceVersion {} is served by store {}, not by store {} "
-        "of the last list (its data was replaced); listing again",
-        name_, LastResourceVersion(), served_by, store_id.empty() ? "(none)" : store_id);
-    store_changes_.fetch_add(1);
-    if (metrics_ != nullptr) metrics_->store_changes.Increment();
-    result.store_changed = true;
-    stream->Cancel();
-    while (stream->Next(&event)) {
-    }
-    return true;
-  };
-  // The response headers name the store before any event (a store that sends none is checked
-  // at its first event instead).
-  bool changed = store_changed(stream->StoreId());
-  while (!changed && stream->Next(&event)) {
-    // Checked before the event is applied: an event of another store must not reach the sink.
-    if (store_changed(event.store_id())) break;
-    if (result.events++ == 0) backoff_.Succeeded();
-    std::string rv = event.object().metadata().resource_version();
-    switch (event.type()) {
-      case v1::WatchEvent::ADDED:
-        sink_->Add(std::make_shared<const v1::Object>(std::move(*event.mutable_object())));
-        break;
-      case v1::WatchEvent::MODIFIED:
-        sink_->Update(std::make_shared<const v1::Object>(std::move(*event.mutable_object())));
-        break;
-      case v1::WatchEvent::DELETED:
-        sink_->Delete(std::make_shared<const v1::Object>(std::move(*event.mutable_object())));
-        break;
-      case v1::WatchEvent::BOOKMARK:
-        sink_->Bookmark(rv);
-        break;
-      default:
-        spdlog::warn("reflector {}: ignoring a watch event of unknown type {}", name_,
-                     static_cast<int>(event.type()));
-        continue;
-    }
-    SawEvent(rv);
+  // The stream outlives no call of this: the reflector destroys it (waiting for its callbacks)
+  // before it goes.
+  watch_->Start([this] { Notify(); });
+  if (cancel) watch_->Cancel();
+}
+
+Reflector::Pumped Reflector::PumpWatch() {
+  if (!headers_checked_) {
+    // The response headers name the store before any event (a store that sends none is checked
+    // at its first event instead).
+    std::optional<std::string> served_by = watch_->StoreId();
+    if (!served_by.has_value()) return Pumped::kPending;
+    headers_checked_ = true;
+    StoreChanged(*served_by);
   }
+  v1::WatchEvent event;
+  for (int i = 0; i < kEventsPerTurn; ++i) {
+    if (StopRequested()) return Pumped::kBudget;  // the step that follows ends the loop
+    switch (watch_->Next(&event)) {
+      case AsyncWatchEventStream::Poll::kPending:
+        return Pumped::kPending;
+      case AsyncWatchEventStream::Poll::kEnded:
+        return Pumped::kEnded;
+      case AsyncWatchEventStream::Poll::kEvent:
+        break;
+    }
+    // A dropped stream is drained until it ends; an event is checked before it is applied: an
+    // event of another store must not reach the sink.
+    if (watch_result_.store_changed || StoreChanged(event.store_id())) continue;
+    Apply(event);
+  }
+  return Pumped::kBudget;
+}
+
+bool Reflector::StoreChanged(const std::string& served_by) {
+  if (served_by.empty() || served_by == watch_store_id_) return false;
+  spdlog::warn(
+      "reflector {}: the watch from resourceVersion {} is served by store {}, not by store {} "
+      "of the last list (its data was replaced); listing again",
+      name_, LastResourceVersion(), served_by,
+      watch_store_id_.empty() ? "(none)" : watch_store_id_);
+  store_changes_.fetch_add(1);
+  if (metrics_ != nullptr) metrics_->store_changes.Increment();
+  watch_result_.store_changed = true;
+  watch_->Cancel();
+  return true;
+}
+
+void Reflector::Apply(v1::WatchEvent& event) {
+  if (watch_result_.events++ == 0) backoff_.Succeeded();
+  std::string rv = event.object().metadata().resource_version();
+  switch (event.type()) {
+    case v1::WatchEvent::ADDED:
+      sink_->Add(std::make_shared<const v1::Object>(std::move(*event.mutable_object())));
+      break;
+    case v1::WatchEvent::MODIFIED:
+      sink_->Update(std::make_shared<const v1::Object>(std::move(*event.mutable_object())));
+      break;
+    case v1::WatchEvent::DELETED:
+      sink_->Delete(std::make_shared<const v1::Object>(std::move(*event.mutable_object())));
+      break;
+    case v1::WatchEvent::BOOKMARK:
+      sink_->Bookmark(rv);
+      break;
+    default:
+      spdlog::warn("reflector {}: ignoring a watch event of unknown type {}", name_,
+                   static_cast<int>(event.type()));
+      return;
+  }
+  SawEvent(rv);
+}
+
+Reflector::WatchResult Reflector::EndWatch() {
+  WatchResult result = watch_result_;
   {
     absl::MutexLock l(&mu_);
     current_stream_ = nullptr;
@@ -400,17 +585,40 @@ Reflector::WatchResult Reflector::WatchOnce() {
     watch_idle_restarts_.fetch_add(1);
     if (metrics_ != nullptr) metrics_->watch_idle_restarts.Increment();
   }
-  result.status = stream->Finish();
+  result.status = watch_->Finish();
+  watch_.reset();  // its callbacks are over, or waited for
   return result;
 }
 
-bool Reflector::WaitBackoff() {
-  absl::Duration delay = backoff_.Next();
-  backoff_waits_.fetch_add(1);
-  const Clock* clock = options_.clock;
-  absl::Time deadline = clock->Now() + delay;
-  absl::MutexLock l(&mu_);
-  return !clock->AwaitWithDeadline(&mu_, absl::Condition(&stop_requested_), deadline);
+void Reflector::Finish(const absl::Status& reason) {
+  std::shared_ptr<AsyncWatchEventStream> stream;
+  {
+    absl::MutexLock l(&mu_);
+    if (finished_) return;
+    finished_ = true;
+    stream = std::move(current_stream_);
+    backoff_until_ = absl::InfiniteFuture();
+  }
+  // Cancels the watch if it is open and waits for its callbacks, which call Notify: that does
+  // nothing now, and this object is still whole.
+  stream.reset();
+  watch_.reset();
+  if (reason.code() == absl::StatusCode::kCancelled) {
+    spdlog::info("reflector {}: stopped", name_);
+  } else {
+    spdlog::warn("reflector {}: stopped for good: {}", name_, reason.ToString());
+  }
+  {
+    absl::MutexLock l(&mu_);
+    stopped_ = true;
+    stop_reason_ = reason;
+  }
+  const std::shared_ptr<absl::Notification> stopped_returned = stopped_returned_;
+  {
+    CurrentReflector current(this);
+    sink_->Stopped(reason);  // the sink may destroy this reflector
+  }
+  stopped_returned->Notify();
 }
 
 }  // namespace shardcache

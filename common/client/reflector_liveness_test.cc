@@ -7,14 +7,18 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <deque>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/client/lister_watcher.h"
 #include "common/client/reflector.h"
 #include "common/clock.h"
@@ -27,9 +31,12 @@
 namespace shardcache {
 namespace {
 
+using ::shardcache::testing::Eventually;
 using ::shardcache::testing::ScriptedListerWatcher;
 using ::shardcache::testing::ScriptedStream;
 using ::shardcache::testing::StatusIs;
+using ::shardcache::testing::ThisThreadId;
+using ::shardcache::testing::ThreadAsleep;
 using ::shardcache::testing::WaitFor;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -81,11 +88,13 @@ v1::WatchEvent Event(v1::WatchEvent::Type type, const std::string& name, const s
   return e;
 }
 
-// Each test runs twice: with a watchdog thread, and with the watchdog on a WorkerPool's timer
+// Each test runs twice: on a thread of the reflector's own (which also waits out the idle timeout
+// and the backoff on the clock), and as turns on a one-thread WorkerPool, with no thread of its own
 // (then the pool's timer thread is the one waiting on the clock).
 class ReflectorLivenessTest : public ::testing::TestWithParam<bool> {
  protected:
-  void Make(absl::Duration idle_timeout) {
+  // A reflector over a scripted ListerWatcher that feeds `sink` (null: sink_).
+  void Make(absl::Duration idle_timeout, ReflectorSink* sink = nullptr) {
     auto lw = std::make_unique<ScriptedListerWatcher>(&clock_);
     lw_ = lw.get();
     lw_->SetList("store-1", "5", {"a"});
@@ -102,7 +111,7 @@ class ReflectorLivenessTest : public ::testing::TestWithParam<bool> {
       pool_ = *std::move(pool);
       o.pool = pool_.get();
     }
-    auto r = Reflector::Create(std::move(lw), &sink_, o);
+    auto r = Reflector::Create(std::move(lw), sink != nullptr ? sink : &sink_, o);
     ASSERT_TRUE(r.ok()) << r.status();
     reflector_ = *std::move(r);
   }
@@ -119,7 +128,7 @@ class ReflectorLivenessTest : public ::testing::TestWithParam<bool> {
   std::unique_ptr<Reflector> reflector_;
 };
 
-INSTANTIATE_TEST_SUITE_P(Watchdog, ReflectorLivenessTest, ::testing::Bool(),
+INSTANTIATE_TEST_SUITE_P(Driver, ReflectorLivenessTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "OnAPool" : "OwnThread";
                          });
@@ -131,8 +140,8 @@ TEST_P(ReflectorLivenessTest, SilentWatch_IsCancelledAfterTheIdleTimeout_AndResu
   std::shared_ptr<ScriptedStream> first = lw_->stream(0);
   EXPECT_EQ(first->from(), "5");
   const absl::Time opened = clock_.Now();
-  // The watchdog, woken by the new stream, waits on the clock again with the stream's deadline:
-  // until then it is still counted among the clock's waiters with its old, endless one.
+  // The reflector's thread (or the pool's timer), woken by the new stream, waits on the clock
+  // again with the stream's deadline: until then it may still wait with an older one.
   ASSERT_TRUE(WaitFor([&] { return clock_.NextDeadline() == opened + absl::Seconds(15); }));
 
   // A bookmark 10 s in restarts the timer: the watch is alive until 15 s after it.
@@ -143,12 +152,12 @@ TEST_P(ReflectorLivenessTest, SilentWatch_IsCancelledAfterTheIdleTimeout_AndResu
   const absl::Time bookmarked = clock_.Now();
 
   // Move the clock a second at a time; the watchdog must cancel the stream only once 15 s have
-  // passed since the bookmark (25 s after it opened), not 15 s after it opened. The watchdog is
-  // the one thread waiting on the clock while the loop reads the stream: once it waits again
-  // after an Advance, it has done what that moment asked of it.
+  // passed since the bookmark (25 s after it opened), not 15 s after it opened. One thread waits
+  // on the clock while the watch is open (the reflector's, or the pool's timer): once it waits
+  // again after an Advance, it has done what that moment asked of it.
   for (int i = 0; i < 20 && !first->cancelled(); ++i) {
     clock_.Advance(absl::Seconds(1));
-    ASSERT_TRUE(clock_.AwaitWaiters(1)) << "the watchdog waits on the clock again";
+    ASSERT_TRUE(clock_.AwaitWaiters(1)) << "the reflector's timer waits on the clock again";
   }
   ASSERT_TRUE(first->cancelled()) << "the silent watch was never taken for dead";
   EXPECT_EQ(first->cancelled_at() - bookmarked, absl::Seconds(15));
@@ -158,7 +167,7 @@ TEST_P(ReflectorLivenessTest, SilentWatch_IsCancelledAfterTheIdleTimeout_AndResu
   // After its backoff delay (1 s on the clock) it watches again from the bookmark's revision,
   // without listing again.
   ASSERT_TRUE(WaitFor([&] { return reflector_->backoff_waits() == 1; }));
-  // The backoff waits on the clock once it has read the time (the watchdog's wait is endless).
+  // The backoff waits on the clock once it has read the time.
   ASSERT_TRUE(WaitFor([&] { return clock_.NextDeadline() != absl::InfiniteFuture(); }));
   EXPECT_EQ(clock_.NextDeadline() - clock_.Now(), absl::Seconds(1));
   clock_.Advance(absl::Seconds(1));
@@ -250,6 +259,71 @@ TEST_P(ReflectorLivenessTest, HeadersOfAnotherStore_MakeTheReflectorListAgainAtO
   EXPECT_EQ(reflector_->backoff_waits(), 1);  // the relist did not wait
   EXPECT_THAT(sink_.Log(), ElementsAre("REPLACE 1@5", "BOOKMARK 6", "REPLACE 2@12"));
   reflector_->Stop();
+}
+
+// A burst far larger than a turn's share (kEventsPerTurn) reaches the sink whole and in order,
+// over several turns on a pool.
+TEST_P(ReflectorLivenessTest, Burst_IsDeliveredWholeAndInOrder) {
+  Make(absl::Seconds(15));
+  reflector_->Start();
+  ASSERT_TRUE(WaitFor([&] { return lw_->streams() == 1; }));
+  constexpr int kEvents = 3 * Reflector::kEventsPerTurn + 5;
+  std::vector<std::string> want = {"REPLACE 1@5"};
+  for (int i = 0; i < kEvents; ++i) {
+    const std::string name = absl::StrCat("o", i);
+    lw_->stream(0)->Push(Event(v1::WatchEvent::ADDED, name, absl::StrCat(6 + i), "store-1"));
+    want.push_back(absl::StrCat("ADD ", name));
+  }
+  const std::string last = absl::StrCat(6 + kEvents - 1);
+  ASSERT_TRUE(WaitFor([&] { return reflector_->LastResourceVersion() == last; }));
+  EXPECT_EQ(sink_.Log(), want);
+  EXPECT_EQ(lw_->streams(), 1);
+  reflector_->Stop();
+}
+
+// Two Stop() calls at once: the one that does not end the loop itself still returns only once
+// the sink's Stopped has returned.
+TEST_P(ReflectorLivenessTest, ConcurrentStops_NeitherReturnsBeforeStopped) {
+  class BlockingSink : public NamesSink {
+   public:
+    void Stopped(const absl::Status&) override {
+      entered.Notify();
+      release.WaitForNotification();
+    }
+    absl::Notification entered;
+    absl::Notification release;
+  };
+  BlockingSink sink;
+  Make(absl::Seconds(15), &sink);
+  reflector_->Start();
+  ASSERT_TRUE(WaitFor([&] { return lw_->streams() == 1; }));
+  std::atomic<int> returned{0};
+  std::thread first([&] {
+    reflector_->Stop();
+    returned.fetch_add(1);
+  });
+  absl::Cleanup join_first = [&] {
+    if (!sink.release.HasBeenNotified()) sink.release.Notify();
+    first.join();
+  };
+  ASSERT_TRUE(sink.entered.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  std::atomic<pid_t> second_tid{0};
+  std::thread second([&] {
+    second_tid = ThisThreadId();
+    reflector_->Stop();
+    returned.fetch_add(1);
+  });
+  absl::Cleanup join_second = [&] {
+    if (!sink.release.HasBeenNotified()) sink.release.Notify();
+    second.join();
+  };
+  ASSERT_TRUE(Eventually(
+      [&] { return returned.load() > 0 || (second_tid != 0 && ThreadAsleep(second_tid)); },
+      "the second Stop() returns or waits"));
+  EXPECT_EQ(returned.load(), 0) << "a Stop() returned while Stopped was still running";
+  sink.release.Notify();
+  ASSERT_TRUE(WaitFor([&] { return returned.load() == 2; }));
+  reflector_.reset();
 }
 
 TEST_P(ReflectorLivenessTest, Create_RejectsANegativeIdleTimeout) {

@@ -9,19 +9,23 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <csignal>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/client/lister_watcher.h"
+#include "common/client/worker_pool.h"
 #include "common/object_key.h"
 #include "common/testing/objects.h"
 #include "common/testing/server_process.h"
@@ -113,7 +117,8 @@ class RecordingSink : public ReflectorSink {
   absl::Status stop_reason_ ABSL_GUARDED_BY(mu_) = absl::OkStatus();
 };
 
-class ReflectorTest : public ::testing::Test {
+// Each test runs twice: on a thread of the reflector's own, and as turns on a WorkerPool.
+class ReflectorTest : public ::testing::TestWithParam<bool> {
  protected:
   void StartServer(std::vector<std::string> args) {
     args.push_back("--bookmark-interval=200ms");
@@ -152,12 +157,37 @@ class ReflectorTest : public ::testing::Test {
     return o;
   }
 
+  // `options` on the test's pool (one of two threads, on options.clock), when the test runs on
+  // one.
+  Reflector::Options Pooled(Reflector::Options options) {
+    if (!GetParam()) return options;
+    if (pool_ == nullptr) {
+      auto pool = WorkerPool::Create({.threads = 2, .clock = options.clock});
+      EXPECT_TRUE(pool.ok()) << pool.status();
+      pool_ = *std::move(pool);
+    }
+    EXPECT_EQ(pool_->clock(), options.clock);
+    options.pool = pool_.get();
+    return options;
+  }
+
   void MakeReflector(const v1::GroupVersionResource& gvr, Reflector::Options options) {
     auto lw = StoreListerWatcher::Create(stub_, gvr, {}, {});
     ASSERT_TRUE(lw.ok()) << lw.status();
-    auto r = Reflector::Create(*std::move(lw), &sink_, options);
+    auto r = Reflector::Create(*std::move(lw), &sink_, Pooled(options));
     ASSERT_TRUE(r.ok()) << r.status();
     reflector_ = *std::move(r);
+  }
+
+  // A reflector of widgets with FastOptions (on the pool, if asked) that feeds `sink`; null (and
+  // a failure) if it cannot be made.
+  std::unique_ptr<Reflector> NewReflector(ReflectorSink* sink) {
+    auto lw = StoreListerWatcher::Create(stub_, kWidgets, {}, {});
+    EXPECT_TRUE(lw.ok()) << lw.status();
+    if (!lw.ok()) return nullptr;
+    auto r = Reflector::Create(*std::move(lw), sink, Pooled(FastOptions()));
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *std::move(r) : nullptr;
   }
 
   v1::Object Put(const v1::GroupVersionResource& gvr, const std::string& name,
@@ -211,10 +241,16 @@ class ReflectorTest : public ::testing::Test {
   // The clock of tests that move time themselves: a member, declared before what reads it, so that
   // it outlives the threads (the reflector's watchdog) that read it until they are stopped.
   FakeClock fake_clock_;
+  std::unique_ptr<WorkerPool> pool_;  // outlives the reflectors
   std::unique_ptr<Reflector> reflector_;
 };
 
-TEST_F(ReflectorTest, ListThenWatch_DeliversEverything) {
+INSTANTIATE_TEST_SUITE_P(Driver, ReflectorTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "OnAPool" : "OwnThread";
+                         });
+
+TEST_P(ReflectorTest, ListThenWatch_DeliversEverything) {
   StartServer({});
   for (int i = 0; i < 5; ++i) Put(kWidgets, absl::StrCat("w", i));  // three pages of two
   MakeReflector(kWidgets, FastOptions());
@@ -242,7 +278,7 @@ TEST_F(ReflectorTest, ListThenWatch_DeliversEverything) {
   EXPECT_THAT(sink_.stop_reason(), StatusIs(absl::StatusCode::kCancelled));
 }
 
-TEST_F(ReflectorTest, Resume_AfterServerRestart_DoesNotRelist) {
+TEST_P(ReflectorTest, Resume_AfterServerRestart_DoesNotRelist) {
   StartServer({});
   Put(kWidgets, "before");
   MakeReflector(kWidgets, FastOptions());
@@ -274,7 +310,7 @@ TEST_F(ReflectorTest, Resume_AfterServerRestart_DoesNotRelist) {
 
 // Writes `writes` objects through the store after the first page of a list is served, so that
 // the list's snapshot leaves a small history window before the next page is asked for.
-class ExpiringListerWatcher : public ListerWatcher {
+class ExpiringListerWatcher final : public ListerWatcher {
  public:
   ExpiringListerWatcher(std::unique_ptr<ListerWatcher> inner, std::function<void()> writes)
       : inner_(std::move(inner)), writes_(std::move(writes)) {}
@@ -284,7 +320,7 @@ class ExpiringListerWatcher : public ListerWatcher {
     if (limits_.size() == 1) writes_();
     return page;
   }
-  std::unique_ptr<WatchEventStream> Watch(const std::string& rv) override {
+  std::unique_ptr<AsyncWatchEventStream> Watch(const std::string& rv) override {
     return inner_->Watch(rv);
   }
   void Shutdown() override { inner_->Shutdown(); }
@@ -297,7 +333,7 @@ class ExpiringListerWatcher : public ListerWatcher {
   std::function<void()> writes_;
 };
 
-TEST_F(ReflectorTest, PagedListExpired_ListsAgainInOnePage) {
+TEST_P(ReflectorTest, PagedListExpired_ListsAgainInOnePage) {
   StartServer({"--history-events=5"});
   for (int i = 0; i < 6; ++i) Put(kWidgets, absl::StrCat("w", i));
   auto lw = StoreListerWatcher::Create(stub_, kWidgets, {}, {});
@@ -306,7 +342,7 @@ TEST_F(ReflectorTest, PagedListExpired_ListsAgainInOnePage) {
     for (int i = 0; i < 6; ++i) Put(kWidgets, absl::StrCat("late", i));
   });
   ExpiringListerWatcher* probe = expiring.get();
-  auto r = Reflector::Create(std::move(expiring), &sink_, FastOptions());  // pages of 2
+  auto r = Reflector::Create(std::move(expiring), &sink_, Pooled(FastOptions()));  // pages of 2
   ASSERT_TRUE(r.ok()) << r.status();
   reflector_ = *std::move(r);
   reflector_->Start();
@@ -321,7 +357,7 @@ TEST_F(ReflectorTest, PagedListExpired_ListsAgainInOnePage) {
   EXPECT_THAT(probe->limits_, ::testing::ElementsAre(2, 2, 0));
 }
 
-TEST_F(ReflectorTest, Relist_AfterTooOldResourceVersion) {
+TEST_P(ReflectorTest, Relist_AfterTooOldResourceVersion) {
   StartServer({"--history-events=5"});
   Put(kWidgets, "keep");
   Put(kWidgets, "gone");
@@ -381,7 +417,7 @@ void Fill(const std::string& address, const v1::GroupVersionResource& gvr,
 // (its data directory wiped and refilled by another writer before the reflector reconnects), and
 // whose changes since that revision concern another resource only: the resumed watch gets
 // nothing but bookmarks. Only the store identity they carry tells the reflector to list again.
-TEST_F(ReflectorTest, StoreReplaced_ByOneAheadOfTheReflector_Relists) {
+TEST_P(ReflectorTest, StoreReplaced_ByOneAheadOfTheReflector_Relists) {
   StartServer({});
   for (int i = 0; i < 3; ++i) Put(kWidgets, absl::StrCat("old", i));
   MakeReflector(kWidgets, FastOptions());
@@ -434,7 +470,7 @@ TEST_F(ReflectorTest, StoreReplaced_ByOneAheadOfTheReflector_Relists) {
 // A server that stops answering without closing its connections (SIGSTOP: the kernel keeps the
 // TCP connection up, but no bookmark comes): the watch is taken for dead after the idle timeout,
 // and once a new server takes the port the reflector watches it and converges.
-TEST_F(ReflectorTest, PausedServer_WatchTakenForDead_ThenConvergesOnTheReplacement) {
+TEST_P(ReflectorTest, PausedServer_WatchTakenForDead_ThenConvergesOnTheReplacement) {
   // The channel has no keepalive (store_client_test covers that): only the watch's own liveness
   // timer can tell that the stream is dead.
   StartServer({});
@@ -467,7 +503,7 @@ TEST_F(ReflectorTest, PausedServer_WatchTakenForDead_ThenConvergesOnTheReplaceme
   EXPECT_FALSE(reflector_->IsStopped());
 }
 
-TEST_F(ReflectorTest, NotFound_WhenTheDefinitionIsDeleted_StopsTheReflector) {
+TEST_P(ReflectorTest, NotFound_WhenTheDefinitionIsDeleted_StopsTheReflector) {
   StartServer({"--role=shard"});
   const v1::GroupVersionResource definitions =
       Gvr("core.shardcache.io", "v1", "resourcedefinitions");
@@ -511,7 +547,7 @@ TEST_F(ReflectorTest, NotFound_WhenTheDefinitionIsDeleted_StopsTheReflector) {
   EXPECT_EQ(reflector_->backoff_waits(), 0);
 }
 
-TEST_F(ReflectorTest, NotFound_ForAnUndefinedResource_StopsWithoutRetrying) {
+TEST_P(ReflectorTest, NotFound_ForAnUndefinedResource_StopsWithoutRetrying) {
   StartServer({"--role=shard"});
   MakeReflector(kWidgets, FastOptions());
   reflector_->Start();
@@ -523,8 +559,9 @@ TEST_F(ReflectorTest, NotFound_ForAnUndefinedResource_StopsWithoutRetrying) {
 }
 
 // A SharedInformer whose last reference goes away in its stop callbacks is destroyed on the
-// reflector's own thread, inside Stopped(): the reflector must let its thread go, not abort.
-TEST_F(ReflectorTest, DestroyedFromItsOwnStoppedCallback_ThreadEndsCleanly) {
+// reflector's own thread or turn, inside Stopped(): the reflector must let its thread go, not
+// abort, and its turn must touch nothing of it after Stopped().
+TEST_P(ReflectorTest, DestroyedFromItsOwnStoppedCallback_ThreadEndsCleanly) {
   StartServer({"--role=shard"});
   class DestroyingSink : public ReflectorSink {
    public:
@@ -534,7 +571,7 @@ TEST_F(ReflectorTest, DestroyedFromItsOwnStoppedCallback_ThreadEndsCleanly) {
     void Delete(ObjectRef) override {}
     void Bookmark(const std::string&) override {}
     void Stopped(const absl::Status&) override {
-      owned.reset();  // the reflector's destructor runs here, on its loop thread
+      owned.reset();  // the reflector's destructor runs here, on its loop thread or turn
       destroyed.Notify();
     }
     std::unique_ptr<Reflector> owned;
@@ -543,14 +580,94 @@ TEST_F(ReflectorTest, DestroyedFromItsOwnStoppedCallback_ThreadEndsCleanly) {
   DestroyingSink sink;
   auto lw = StoreListerWatcher::Create(stub_, kWidgets, {}, {});  // not served: NOT_FOUND
   ASSERT_TRUE(lw.ok()) << lw.status();
-  auto r = Reflector::Create(*std::move(lw), &sink, FastOptions());
+  auto r = Reflector::Create(*std::move(lw), &sink, Pooled(FastOptions()));
   ASSERT_TRUE(r.ok()) << r.status();
   sink.owned = *std::move(r);
   sink.owned->Start();
   EXPECT_TRUE(sink.destroyed.WaitForNotificationWithTimeout(absl::Seconds(20)));
 }
 
-TEST_F(ReflectorTest, Backoff_WaitsOnTheClock_AndStopInterruptsIt) {
+// A sink that stops its reflector from inside Add: Stop() returns at once (it cannot wait for the
+// call it is made from), the loop ends after Add returns, Stopped comes once, and the server sees
+// the watch closed.
+TEST_P(ReflectorTest, StopFromInsideASinkMethod_ReturnsAtOnce_ThenTheLoopEnds) {
+  StartServer({});
+  class StoppingSink : public RecordingSink {
+   public:
+    void Add(ObjectRef o) override {
+      RecordingSink::Add(o);
+      reflector->Stop();
+      returned.Notify();
+    }
+    Reflector* reflector = nullptr;
+    absl::Notification returned;
+  };
+  StoppingSink sink;
+  std::unique_ptr<Reflector> reflector = NewReflector(&sink);
+  ASSERT_NE(reflector, nullptr);
+  sink.reflector = reflector.get();
+  reflector->Start();
+  ASSERT_TRUE(Eventually([&] { return reflector->HasSynced(); }, "reflector->HasSynced()"));
+  Put(kWidgets, "w0");
+  ASSERT_TRUE(sink.returned.WaitForNotificationWithTimeout(testing::kDefaultWait))
+      << "Stop() from inside Add did not return";
+  ASSERT_TRUE(Eventually([&] { return sink.stopped_calls() == 1; }, "sink.stopped_calls() == 1"));
+  EXPECT_TRUE(reflector->IsStopped());
+  EXPECT_THAT(sink.stop_reason(), StatusIs(absl::StatusCode::kCancelled));
+  reflector->Stop();  // from outside now: it has ended already
+  reflector.reset();
+  EXPECT_EQ(sink.stopped_calls(), 1);
+  EXPECT_THAT(sink.Log(), ElementsAre(HasSubstr("REPLACE 0@"), "ADD w0"));
+  EXPECT_TRUE(Eventually(
+      [&] { return testing::Metric(server_->http_port(), "shardcache_store_watchers") == 0; },
+      "the server has no open watch"));
+}
+
+// Stop() while events pour in (gRPC's threads buffer messages and wake the reflector as it
+// stops), and destruction with the watch open and no Stop(): no crash, Stopped once, and the
+// server sees every watch closed.
+TEST_P(ReflectorTest, StopOrDestroy_WhileEventsArrive_EndsCleanly) {
+  StartServer({});
+  std::atomic<bool> writing{true};
+  std::atomic<int> writes{0};
+  std::thread writer([&] {
+    for (int i = 0; writing.load(); ++i) {
+      Put(kWidgets, absl::StrCat("w", i % 20), absl::StrCat("color-", i));  // each a change
+      writes.fetch_add(1);
+      absl::SleepFor(absl::Milliseconds(2));  // a steady flow, not a flood the store falls behind
+    }
+  });
+  absl::Cleanup join = [&] {
+    writing = false;
+    writer.join();
+  };
+  for (int round = 0; round < 20; ++round) {
+    RecordingSink sink;
+    {
+      std::unique_ptr<Reflector> reflector = NewReflector(&sink);
+      ASSERT_NE(reflector, nullptr);
+      reflector->Start();
+      ASSERT_TRUE(Eventually([&] { return sink.Log().size() > 3; }, "the watch delivers events",
+                             [&] {
+                               return absl::StrCat(sink.Log().size(), " calls of the sink, ",
+                                                   writes.load(), " writes, resourceVersion ",
+                                                   reflector->LastResourceVersion());
+                             }));
+      if (round % 2 == 0) {
+        reflector->Stop();
+        EXPECT_EQ(sink.stopped_calls(), 1) << "round " << round;
+      }
+    }  // destroyed; with its watch open on odd rounds
+    EXPECT_EQ(sink.stopped_calls(), 1) << "round " << round;
+    EXPECT_THAT(sink.stop_reason(), StatusIs(absl::StatusCode::kCancelled));
+  }
+  std::move(join).Invoke();
+  EXPECT_TRUE(Eventually(
+      [&] { return testing::Metric(server_->http_port(), "shardcache_store_watchers") == 0; },
+      "the server has no open watch"));
+}
+
+TEST_P(ReflectorTest, Backoff_WaitsOnTheClock_AndStopInterruptsIt) {
   // Nothing listens on this address: every List fails with UNAVAILABLE.
   ServerProcess dead(testing::BinaryPath("cache_server/cache_server"), {});
   ASSERT_TRUE(dead.Start().ok());
@@ -587,7 +704,7 @@ TEST_F(ReflectorTest, Backoff_WaitsOnTheClock_AndStopInterruptsIt) {
   EXPECT_FALSE(reflector_->HasSynced());
 }
 
-TEST_F(ReflectorTest, Create_RejectsBadOptions) {
+TEST_P(ReflectorTest, Create_RejectsBadOptions) {
   Connect("127.0.0.1:1");
   auto lw = StoreListerWatcher::Create(stub_, kWidgets, {}, {});
   ASSERT_TRUE(lw.ok());

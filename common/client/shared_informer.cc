@@ -358,7 +358,7 @@ absl::Status SharedInformer::RemoveEventHandler(Registration* registration) {
   return absl::OkStatus();
 }
 
-// ---- ReflectorSink (the reflector's thread) ----
+// ---- ReflectorSink (the reflector's thread or turn) ----
 
 void SharedInformer::Replace(std::vector<ObjectRef> objects, const std::string&) {
   absl::MutexLock l(&mu_);

@@ -19,13 +19,15 @@
 //     after a relist; nothing is lost silently (a warning is logged and overflows() counts it),
 //     and neither the reflector nor the other handlers ever wait for a slow handler.
 //
-// Delivery: each registration has its own delivery thread, or, on a WorkerPool
-// (Options::pool), turns on the pool's threads: a turn delivers up to kEventsPerTurn events and
-// then goes to the back of the pool's line, so that a busy registration does not hold back the
-// others and handlers add no threads. Either way a handler is called one event at a time, in
-// order. A handler added late (or before the first list) first receives every object
-// in the cache as OnAdd(object, is_initial_list=true); its HasSynced() turns true once it has
-// been given that initial list of a synced informer. After a relist, a handler receives the
+// Threads: without a WorkerPool, the reflector has a thread of its own and each registration a
+// delivery thread. On a WorkerPool (Options::pool), the informer has no thread at all: its
+// reflector runs as turns on the pool (its watch read with gRPC's callback API, its waits on the
+// pool's timer: reflector.h), and so does each registration's delivery: a turn delivers up to
+// kEventsPerTurn events and then goes to the back of the pool's line, so that a busy registration
+// does not hold back the others and handlers add no threads. Either way a handler is called one
+// event at a time, in order. A handler added late (or before the first list) first receives every
+// object in the cache as OnAdd(object, is_initial_list=true); its HasSynced() turns true once it
+// has been given that initial list of a synced informer. After a relist, a handler receives the
 // difference between what it saw and the new list. With HandlerOptions::resync_period, every
 // object the handler knows is re-delivered as OnUpdate(object, object) that often (on the Clock).
 //
@@ -119,10 +121,11 @@ class SharedInformer : public std::enable_shared_from_this<SharedInformer>, priv
     std::map<std::string, ThreadSafeStore::IndexFunc> indexers;
     // The buffer of each handler, in events, unless its HandlerOptions say otherwise.
     size_t handler_buffer = 1024;
-    // Null: each registration has a delivery thread of its own. Set: the registrations are
-    // delivered on the pool's threads, and their periodic resyncs wait on its timer (its clock
-    // must be `clock`). Not owned; must outlive the informer. A handler that blocks holds one of
-    // the pool's threads meanwhile.
+    // Null: the reflector and each registration have a thread of their own. Set: the reflector
+    // runs on the pool's threads and timer, the registrations are delivered on its threads, and
+    // their periodic resyncs wait on its timer (its clock must be `clock`). Not owned; must
+    // outlive the informer. A handler (or an OnStopped callback) that blocks holds one of the
+    // pool's threads meanwhile.
     WorkerPool* pool = nullptr;
   };
 
@@ -168,7 +171,8 @@ class SharedInformer : public std::enable_shared_from_this<SharedInformer>, priv
   static absl::StatusOr<std::shared_ptr<SharedInformer>> Create(std::unique_ptr<ListerWatcher> lw,
                                                                 Options options);
   // Stops it and removes every handler. Runs wherever the last reference goes, which may be a
-  // delivery thread or (inside OnStopped callbacks) the reflector's thread: both are handled.
+  // delivery thread or turn, or (inside OnStopped callbacks) the reflector's thread or turn: all
+  // are handled.
   ~SharedInformer() override;
   SharedInformer(const SharedInformer&) = delete;
   SharedInformer& operator=(const SharedInformer&) = delete;
@@ -190,12 +194,12 @@ class SharedInformer : public std::enable_shared_from_this<SharedInformer>, priv
   // Why it stopped (e.g. NOT_FOUND: the resource is no longer served); OK while it runs.
   absl::Status StopReason() const;
   // Calls `callback(reason)` once when the informer stops: from the thread that stops it (the
-  // reflector's, or Stop()'s caller), with no lock held; immediately, on this thread, if it is
-  // already stopped. Keep the Subscription for as long as the callback may run.
+  // reflector's thread or pool turn, or Stop()'s caller), with no lock held; immediately, on this
+  // thread, if it is already stopped. Keep the Subscription for as long as the callback may run.
   Subscription OnStopped(std::function<void(const absl::Status&)> callback);
   // Calls `callback(store_id)` after every list that came from another store than the list
   // before it (the first list included): the cache then holds the new store's content (the
-  // handlers may not have seen it yet). On the reflector's thread, with no lock held; never
+  // handlers may not have seen it yet). On the reflector's thread or turn, with no lock held; never
   // after the Subscription is cancelled (a call in progress on another thread is waited for).
   // A client that trusted something of the previous store (a write it made there and has not
   // seen come back) must forget it.
@@ -229,7 +233,7 @@ class SharedInformer : public std::enable_shared_from_this<SharedInformer>, priv
  private:
   SharedInformer(std::string name, const Clock* clock, size_t handler_buffer, WorkerPool* pool);
 
-  // ReflectorSink: called on the reflector's thread.
+  // ReflectorSink: called on the reflector's thread or turn, one at a time.
   void Replace(std::vector<ObjectRef> objects, const std::string& resource_version) override;
   void Add(ObjectRef object) override;
   void Update(ObjectRef object) override;

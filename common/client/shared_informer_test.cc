@@ -428,6 +428,45 @@ TEST_P(SharedInformerTest, ManyHandlers_EachGetsEverything_OnAPoolWithNoThreadOf
   EXPECT_LE(ThreadsOfThisProcess(), threads_before + kSlack);
 }
 
+// Many informers, each with its own list and watch against the real server: on a pool their
+// reflectors add no thread (a thread each otherwise), and every one syncs and sees a write.
+TEST_P(SharedInformerTest, ManyInformers_OnAPool_AddNoThreadPerInformer_AndAllSeeAWrite) {
+  StartServer();
+  Put("before");
+  // The first informer starts what every watch shares (gRPC's threads, the pool).
+  std::shared_ptr<SharedInformer> first = MakeInformer(kWidgets);
+  ASSERT_THAT(first->Run(), IsOk());
+  ASSERT_TRUE(first->WaitForSync(kWait));
+  const int threads_before = ThreadsOfThisProcess();
+  constexpr int kInformers = 200;
+  std::vector<std::shared_ptr<SharedInformer>> informers;
+  for (int i = 0; i < kInformers; ++i) {
+    informers.push_back(MakeInformer(kWidgets));
+    ASSERT_THAT(informers.back()->Run(), IsOk());
+  }
+  for (const auto& informer : informers) ASSERT_TRUE(informer->WaitForSync(kWait));
+  Put("after");
+  for (int i = 0; i < kInformers; ++i) {
+    ASSERT_TRUE(Eventually([&] { return informers[i]->store().List().size() == 2; },
+                           absl::StrCat("informer ", i, " sees the write")));
+  }
+  // gRPC starts and ends threads of its own as calls come and go: a fixed number, whatever the
+  // number of watches.
+  constexpr int kSlack = 12;
+  const int added = ThreadsOfThisProcess() - threads_before;
+  if (OnPool()) {
+    EXPECT_LE(added, kSlack) << kInformers << " informers on a pool added " << added
+                             << " threads to " << threads_before;
+  } else {
+    EXPECT_GE(added, kInformers - kSlack);
+  }
+  for (const auto& informer : informers) informer->Stop();
+  informers.clear();
+  EXPECT_TRUE(Eventually(
+      [&] { return testing::Metric(server_->http_port(), "shardcache_store_watchers") == 1; },
+      "the server has the first informer's watch only"));
+}
+
 TEST_P(SharedInformerTest, HasSynced_IsPerRegistration) {
   StartServer();
   Put("w0");

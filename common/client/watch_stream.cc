@@ -12,11 +12,6 @@ namespace {
 // The response header of a Watch that names the store (see the Store service's Watch).
 constexpr char kStoreIdHeader[] = "shardcache-store-id";
 
-v1::WatchRequest WithBatches(v1::WatchRequest request, bool batch_events) {
-  request.set_batch_events(batch_events);
-  return request;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -58,7 +53,47 @@ WatchStreamStats WatchStreamCounters::Get() const {
 }
 
 // ---------------------------------------------------------------------------------------------
+// WatchBatch
+
+void WatchBatch::Load(v1::WatchEvent message) {
+  message_ = std::move(message);
+  single_ = message_.events_size() == 0;
+  next_ = 0;
+}
+
+bool WatchBatch::Take(v1::WatchEvent* event) {
+  if (single_) {
+    single_ = false;
+    *event = std::move(message_);
+    return true;
+  }
+  if (next_ >= message_.events_size()) return false;
+  *event = std::move(*message_.mutable_events(next_++));
+  if (!message_.store_id().empty()) event->set_store_id(message_.store_id());
+  return true;
+}
+
+void WatchBatch::Clear() {
+  message_.Clear();
+  single_ = false;
+  next_ = 0;
+}
+
+// ---------------------------------------------------------------------------------------------
 // WatchStream
+
+v1::WatchRequest WatchStream::WithBatches(v1::WatchRequest request, bool batch_events) {
+  request.set_batch_events(batch_events);
+  return request;
+}
+
+std::string WatchStream::What(const v1::WatchRequest& request, const std::string& description) {
+  std::string what = absl::StrCat("watch ", description);
+  if (!request.resource_version().empty()) {
+    absl::StrAppend(&what, " from resourceVersion ", request.resource_version());
+  }
+  return what;
+}
 
 WatchStream::WatchStream(std::shared_ptr<v1::Store::StubInterface> stub, v1::WatchRequest request,
                          Options options)
@@ -81,7 +116,8 @@ bool WatchStream::Open() {
   if (options_.calls != nullptr) {
     if (!options_.calls->Register(&context_)) {
       ended_ = finished_ = true;
-      status_ = absl::CancelledError(absl::StrCat(What(), ": the client was shut down"));
+      status_ = absl::CancelledError(
+          absl::StrCat(What(request_, options_.description), ": the client was shut down"));
       return false;
     }
     registered_ = true;
@@ -91,21 +127,18 @@ bool WatchStream::Open() {
 }
 
 bool WatchStream::Next(v1::WatchEvent* event) {
-  if (batch_next_ >= batch_.events_size()) {
+  while (!batch_.Take(event)) {
     if (!Open()) return false;
-    if (!reader_->Read(event)) {
+    v1::WatchEvent message;
+    if (!reader_->Read(&message)) {
       ended_ = true;
       return false;
     }
-    const int events = event->events_size();
-    own_counters_.Add(events == 0 ? 1 : events);
-    if (options_.counters != nullptr) options_.counters->Add(events == 0 ? 1 : events);
-    if (events == 0) return true;  // a single event, as itself
-    batch_.Swap(event);
-    batch_next_ = 0;
+    const int64_t events = WatchBatch::EventsIn(message);
+    own_counters_.Add(events);
+    if (options_.counters != nullptr) options_.counters->Add(events);
+    batch_.Load(std::move(message));
   }
-  *event = std::move(*batch_.mutable_events(batch_next_++));
-  if (!batch_.store_id().empty()) event->set_store_id(batch_.store_id());
   return true;
 }
 
@@ -116,7 +149,8 @@ absl::Status WatchStream::Finish() {
   finished_ = true;
   if (reader_ == nullptr) {
     ended_ = true;
-    status_ = absl::CancelledError(absl::StrCat(What(), ": ended before it started"));
+    status_ = absl::CancelledError(
+        absl::StrCat(What(request_, options_.description), ": ended before it started"));
     return status_;
   }
   if (!ended_) {
@@ -129,10 +163,9 @@ absl::Status WatchStream::Finish() {
     ended_ = true;
   }
   batch_.Clear();
-  batch_next_ = 0;
   absl::Status s = FromGrpcStatus(reader_->Finish());
   // The same code and payloads (machine-readable details), with what was watched.
-  status_ = WithMessage(s, absl::StrCat(What(), ": ", s.message()));
+  status_ = WithMessage(s, absl::StrCat(What(request_, options_.description), ": ", s.message()));
   return status_;
 }
 
@@ -145,14 +178,6 @@ std::string WatchStream::StoreId() {
   auto it = headers.find(kStoreIdHeader);
   if (it != headers.end()) store_id_ = std::string(it->second.data(), it->second.size());
   return store_id_;
-}
-
-std::string WatchStream::What() const {
-  std::string what = absl::StrCat("watch ", options_.description);
-  if (!request_.resource_version().empty()) {
-    absl::StrAppend(&what, " from resourceVersion ", request_.resource_version());
-  }
-  return what;
 }
 
 }  // namespace shardcache

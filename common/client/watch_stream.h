@@ -99,6 +99,28 @@ class WatchStreamCounters {
   std::atomic<int64_t> batched_messages_{0};
 };
 
+// The events of one Watch message, handed out one at a time: the events of a batch
+// (WatchRequest.batch_events), each with the message's store_id, or a single event as itself. It
+// holds one message at most. Used by WatchStream and AsyncWatchStream alike, so that both return
+// exactly the events of an unbatched watch. Not thread-safe: its reader's.
+class WatchBatch {
+ public:
+  // How many events `message` holds (1 for a single event).
+  static int64_t EventsIn(const v1::WatchEvent& message) {
+    return message.events_size() == 0 ? 1 : message.events_size();
+  }
+  // Holds `message`, read from the server. REQUIRES: Take returned false (all taken).
+  void Load(v1::WatchEvent message);
+  // Moves the next event into *event. False when none is left.
+  bool Take(v1::WatchEvent* event);
+  void Clear();
+
+ private:
+  v1::WatchEvent message_;
+  bool single_ = false;  // message_ is one event, not yet taken
+  int next_ = 0;         // the index in message_.events() of the next event of a batch
+};
+
 class WatchStream : public WatchEventStream {
  public:
   struct Options {
@@ -138,11 +160,14 @@ class WatchStream : public WatchEventStream {
   // What this stream has read so far. Any thread.
   WatchStreamStats stats() const { return own_counters_.Get(); }
 
+  // "watch <description> from resourceVersion <rv>": what Finish's message starts with.
+  static std::string What(const v1::WatchRequest& request, const std::string& description);
+  // The request as a WatchStream sends it: asking for batches when `batch_events`.
+  static v1::WatchRequest WithBatches(v1::WatchRequest request, bool batch_events);
+
  private:
   // Starts the call on first use. False when the stream has ended or cannot start.
   bool Open();
-  // The message prefix of Finish's status.
-  std::string What() const;
 
   // Constant after construction.
   const std::shared_ptr<v1::Store::StubInterface> stub_;  // keeps the channel alive
@@ -158,8 +183,7 @@ class WatchStream : public WatchEventStream {
   bool registered_ = false;
   bool headers_read_ = false;
   std::string store_id_;
-  v1::WatchEvent batch_;   // the last batch read; Next takes its events one by one
-  int batch_next_ = 0;     // the index in batch_.events() of the next event to return
+  WatchBatch batch_;       // the last message read; Next takes its events one by one
   bool ended_ = false;     // Next returned false
   bool finished_ = false;  // the final status is known
   absl::Status status_ = absl::OkStatus();

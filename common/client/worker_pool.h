@@ -1,9 +1,9 @@
-// WorkerPool: a fixed set of threads that do the work of many WorkQueues and informer handler
-// registrations (its Clients), and one timer thread for their timed work (delayed keys, periodic
-// resyncs), so that a process's thread count is set by its configuration and not by how many
-// controllers and handlers it runs. (client-go gives each controller its own worker goroutines
-// and each queue its own; threads are not that cheap, and a replicator runs a controller for
-// every ClusterCachedResource.)
+// WorkerPool: a fixed set of threads that do the work of many WorkQueues, informer handler
+// registrations and Reflectors (its Clients), and one timer thread for their timed work (delayed
+// keys, periodic resyncs, backoff delays, watch liveness), so that a process's thread count is set
+// by its configuration and not by how many controllers, informers and handlers it runs. (client-go
+// gives each controller its own worker goroutines and each queue its own; threads are not that
+// cheap, and a replicator runs a controller for every ClusterCachedResource.)
 //
 //   ASSIGN_OR_RETURN(std::unique_ptr<WorkerPool> pool, WorkerPool::Create({.threads = 8}));
 //   WorkQueue::Options q;
@@ -24,8 +24,8 @@
 //   a test needs.
 //
 // Users create the pool, hand it to their queues (WorkQueue::Options::pool) and informers
-// (SharedInformer::Options::pool), and destroy it after them. The Client side (Schedule, WakeAt,
-// Detach) is for the code that implements a Client.
+// (SharedInformer::Options::pool, which their reflectors use too), and destroy it after them. The
+// Client side (Schedule, WakeAt, Detach) is for the code that implements a Client.
 //
 // Thread-safety: Create and the destructor from one thread; Schedule, WakeAt and Detach from any
 // thread, also from a Client's own RunTurn or Tick. The destructor requires that every Client

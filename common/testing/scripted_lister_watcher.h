@@ -2,15 +2,18 @@
 // reflectors and informers without a server. SetList says what the next lists answer (objects, a
 // revision, the store's identity); every Watch opens a ScriptedStream that the test pushes events
 // into, breaks (as a lost connection) or sees cancelled; SetHeader says which store the next
-// streams' response headers name.
+// streams' response headers name. Its streams are read as a StoreListerWatcher's are, by polling,
+// with no thread of their own: a reflector on a WorkerPool runs on them as it does in production.
 //
-// Thread-safe: the reflector's thread calls List, Watch and the streams; the test's thread
-// scripts them.
+// Thread-safe: the reflector's thread or turns call List, Watch and the streams; the test's
+// thread scripts them.
 #ifndef SHARDCACHE_COMMON_TESTING_SCRIPTED_LISTER_WATCHER_H_
 #define SHARDCACHE_COMMON_TESTING_SCRIPTED_LISTER_WATCHER_H_
 
 #include <deque>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,36 +28,51 @@
 
 namespace shardcache::testing {
 
-// One scripted watch stream: the test pushes events; Next blocks until one is there or the
-// stream is cancelled. Records when (on the clock) it was cancelled.
+// One scripted watch stream: the test pushes events; the reader polls them (Next never blocks)
+// and is woken (the `ready` of AsyncWatchEventStream::Start) by every Push, Cancel and Break.
+// Records when (on the clock) it was cancelled.
 class ScriptedStream {
  public:
   ScriptedStream(const Clock* clock, std::string from, std::string header)
       : clock_(clock), from_(std::move(from)), header_(std::move(header)) {}
 
   void Push(v1::WatchEvent event) {
-    absl::MutexLock l(&mu_);
-    events_.push_back(std::move(event));
+    {
+      absl::MutexLock l(&mu_);
+      events_.push_back(std::move(event));
+    }
+    Ready();
   }
-  bool Next(v1::WatchEvent* event) {
+  AsyncWatchEventStream::Poll Next(v1::WatchEvent* event) {
     absl::MutexLock l(&mu_);
-    mu_.Await(absl::Condition(this, &ScriptedStream::ReadyLocked));
-    if (cancelled_ || broken_) return false;
+    if (cancelled_ || broken_) return AsyncWatchEventStream::Poll::kEnded;
+    if (events_.empty()) return AsyncWatchEventStream::Poll::kPending;
     *event = std::move(events_.front());
     events_.pop_front();
     ++delivered_;
-    return true;
+    return AsyncWatchEventStream::Poll::kEvent;
   }
   void Cancel() {
-    absl::MutexLock l(&mu_);
-    if (cancelled_ || broken_) return;
-    cancelled_ = true;
-    cancelled_at_ = clock_->Now();
+    {
+      absl::MutexLock l(&mu_);
+      if (cancelled_ || broken_) return;
+      cancelled_ = true;
+      cancelled_at_ = clock_->Now();
+    }
+    Ready();
   }
   // Ends the stream as a broken connection does (Finish: UNAVAILABLE).
   void Break() {
-    absl::MutexLock l(&mu_);
-    broken_ = true;
+    {
+      absl::MutexLock l(&mu_);
+      broken_ = true;
+    }
+    Ready();
+  }
+  // Who to wake from now on (null: nobody). Returns once a call to the previous one is over.
+  void SetReady(std::function<void()> ready) {
+    absl::MutexLock r(&ready_mu_);
+    ready_ = std::move(ready);
   }
   bool broken() const {
     absl::MutexLock l(&mu_);
@@ -76,13 +94,17 @@ class ScriptedStream {
   const std::string& header() const { return header_; }
 
  private:
-  bool ReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return cancelled_ || broken_ || !events_.empty();
+  // Called with mu_ released: the reader's `ready` may take its own locks.
+  void Ready() {
+    absl::MutexLock r(&ready_mu_);
+    if (ready_) ready_();
   }
 
   const Clock* const clock_;
   const std::string from_;
   const std::string header_;
+  absl::Mutex ready_mu_;
+  std::function<void()> ready_ ABSL_GUARDED_BY(ready_mu_);
   mutable absl::Mutex mu_;
   std::deque<v1::WatchEvent> events_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
@@ -91,16 +113,19 @@ class ScriptedStream {
   int delivered_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-class StreamHandle : public WatchEventStream {
+// The reader's side of a ScriptedStream. Its response headers are known at once.
+class StreamHandle final : public AsyncWatchEventStream {
  public:
   explicit StreamHandle(std::shared_ptr<ScriptedStream> s) : s_(std::move(s)) {}
-  bool Next(v1::WatchEvent* event) override { return s_->Next(event); }
+  ~StreamHandle() override { s_->SetReady(nullptr); }
+  void Start(std::function<void()> ready) override { s_->SetReady(std::move(ready)); }
+  std::optional<std::string> StoreId() override { return s_->header(); }
+  Poll Next(v1::WatchEvent* event) override { return s_->Next(event); }
   void Cancel() override { s_->Cancel(); }
   absl::Status Finish() override {
     if (s_->broken()) return absl::UnavailableError("connection broken");
     return s_->cancelled() ? absl::CancelledError("cancelled") : absl::OkStatus();
   }
-  std::string StoreId() override { return s_->header(); }
 
  private:
   std::shared_ptr<ScriptedStream> s_;
@@ -108,7 +133,7 @@ class StreamHandle : public WatchEventStream {
 
 // Lists what SetList says (objects at a revision of a store), and hands out scripted streams
 // whose response headers name the store that SetHeader says.
-class ScriptedListerWatcher : public ListerWatcher {
+class ScriptedListerWatcher final : public ListerWatcher {
  public:
   explicit ScriptedListerWatcher(const Clock* clock) : clock_(clock) {}
 
@@ -146,7 +171,7 @@ class ScriptedListerWatcher : public ListerWatcher {
     absl::MutexLock l(&mu_);
     header_ = id;
   }
-  std::unique_ptr<WatchEventStream> Watch(const std::string& rv) override {
+  std::unique_ptr<AsyncWatchEventStream> Watch(const std::string& rv) override {
     absl::MutexLock l(&mu_);
     auto s = std::make_shared<ScriptedStream>(clock_, rv, header_);
     streams_.push_back(s);

@@ -53,7 +53,7 @@ struct SourceScript {
 
 // A ListerWatcher that forwards to a shared script (an informer owns its ListerWatcher; the test
 // keeps the scripted one).
-class SharedScriptedListerWatcher : public ListerWatcher {
+class SharedScriptedListerWatcher final : public ListerWatcher {
  public:
   explicit SharedScriptedListerWatcher(std::shared_ptr<SourceScript> script)
       : script_(std::move(script)) {}
@@ -61,7 +61,7 @@ class SharedScriptedListerWatcher : public ListerWatcher {
     if (absl::Status error = script_->ListError(); !error.ok()) return error;
     return script_->lw->List(limit, cont);
   }
-  std::unique_ptr<WatchEventStream> Watch(const std::string& rv) override {
+  std::unique_ptr<AsyncWatchEventStream> Watch(const std::string& rv) override {
     return script_->lw->Watch(rv);
   }
   void Shutdown() override { script_->lw->Shutdown(); }
