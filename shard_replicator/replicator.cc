@@ -46,6 +46,11 @@ absl::StatusOr<std::unique_ptr<ShardReplicator>> ShardReplicator::Start(Options 
     return absl::InvalidArgumentError(
         absl::StrCat("--workers: Invalid value: ", options.workers, ": must be at least 1"));
   }
+  if (options.memory_trim_interval < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--memory-trim-interval: Invalid value: ",
+        absl::FormatDuration(options.memory_trim_interval), ": must not be negative (0: never)"));
+  }
   if (options.worker_threads < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--worker-threads: Invalid value: ", options.worker_threads, ": must be at least 1"));
@@ -93,6 +98,12 @@ absl::Status ShardReplicator::Init() {
   pool.threads = options_.worker_threads;
   pool.clock = options_.clock;
   ASSIGN_OR_RETURN(pool_, WorkerPool::Create(pool));
+  if (options_.memory_trim_interval > absl::ZeroDuration()) {
+    MemoryTrimmer::Options trim;
+    trim.interval = options_.memory_trim_interval;
+    trim.registry = options_.registry;
+    trimmer_ = std::make_unique<MemoryTrimmer>(pool_.get(), trim);
+  }
 
   // After an outage of a store, its informers relist or resume within a few seconds of its
   // return, however long the outage (the reflector's default backoff grows to 30 s, doubled by

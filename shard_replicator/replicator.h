@@ -34,6 +34,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/client/dynamic_informer_factory.h"
 #include "common/client/leader_elector.h"
+#include "common/client/memory_trimmer.h"
 #include "common/client/shared_informer.h"
 #include "common/client/store_client.h"
 #include "common/client/worker_pool.h"
@@ -63,6 +64,9 @@ class ShardReplicator {
     // The threads that run every controller's reconciles and every informer's reflector and
     // handlers, however many CCRs there are (--worker-threads).
     int worker_threads = 8;
+    // How often the heap that the replicator has freed is returned to the system
+    // (--memory-trim-interval; common/client/memory_trimmer.h). Zero: never.
+    absl::Duration memory_trim_interval = absl::Seconds(30);
     absl::Duration resync_period = absl::Minutes(5);
     // gRPC keepalive of the channels to the shard store and the cache.
     KeepaliveOptions keepalive;
@@ -122,6 +126,7 @@ class ShardReplicator {
   // The terms' controllers and every informer's handlers run on it; declared before the
   // factories, so that it outlives their informers.
   std::unique_ptr<WorkerPool> pool_;
+  std::unique_ptr<MemoryTrimmer> trimmer_;  // on pool_; null when off
   std::unique_ptr<DynamicInformerFactory> shard_informers_;
   std::unique_ptr<DynamicInformerFactory> cache_informers_;
   std::shared_ptr<SharedInformer> ccrs_;

@@ -43,6 +43,9 @@ ABSL_FLAG(int32_t, workers, 4,
 ABSL_FLAG(int32_t, worker_threads, 8,
           "the threads that reconcile for every controller and run every informer (its lists, "
           "watch events and handlers), however many CCRs there are");
+ABSL_FLAG(absl::Duration, memory_trim_interval, absl::Seconds(30),
+          "how often the heap memory that the replicator has freed is returned to the system "
+          "(0: never)");
 ABSL_FLAG(absl::Duration, resync_period, absl::Minutes(5),
           "how often every replicated object is reconciled again even without a change (0: never)");
 ABSL_FLAG(std::string, http_listen, "127.0.0.1:8080",
@@ -138,6 +141,7 @@ int Run() {
   options.retry_period = absl::GetFlag(FLAGS_retry_period);
   options.workers = absl::GetFlag(FLAGS_workers);
   options.worker_threads = absl::GetFlag(FLAGS_worker_threads);
+  options.memory_trim_interval = absl::GetFlag(FLAGS_memory_trim_interval);
   options.resync_period = absl::GetFlag(FLAGS_resync_period);
   options.keepalive.time = absl::GetFlag(FLAGS_keepalive_time);
   options.keepalive.timeout = absl::GetFlag(FLAGS_keepalive_timeout);
