@@ -131,8 +131,11 @@ class CcrControllerTest : public ::testing::Test {
   }
 
   void TearDown() override {
-    if (controller_ != nullptr) controller_->Stop();
+    // As a term ends: the writer stops and runs or drops its callbacks before the controller
+    // stops (ccr_controller.cc, SyncCopy); answers still due must not reach a freed controller.
     writer_.Stop();
+    writer_.Drain();
+    if (controller_ != nullptr) controller_->Stop();
     controller_.reset();
     ccrs_.reset();
     cache_ccrs_.reset();

@@ -186,8 +186,10 @@ v1::Object Copy(const v1::Object& local, const std::string& rv) {
 class ReplicationControllerFakeTest : public ::testing::Test {
  protected:
   void TearDown() override {
-    controller_.reset();
+    // The writer's answers still due run before the controller is freed, as when a term ends.
     writer_.Stop();
+    writer_.Drain();
+    controller_.reset();
     if (local_ != nullptr) local_->Stop();
     if (cache_informer_ != nullptr) cache_informer_->Stop();
   }
