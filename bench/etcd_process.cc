@@ -17,7 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "bench/bench_util.h"
 #include "common/testing/server_process.h"
-#include "etcd/rpc.grpc.pb.h"
+#include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 
 namespace shardcache::bench {
 namespace {
