@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/testing/server_process.h"
+#include "common/tls.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 
 namespace shardcache::testing {
@@ -139,7 +140,8 @@ std::vector<std::string> EtcdCluster::Argv(int i) const {
   for (const Member& other : members_) {
     initial.push_back(absl::StrCat(other.name, "=http://127.0.0.1:", other.peer_port));
   }
-  const std::string client_url = absl::StrCat("http://127.0.0.1:", m.client_port);
+  const std::string client_url =
+      absl::StrCat(options_.tls_dir.empty() ? "http" : "https", "://127.0.0.1:", m.client_port);
   const std::string peer_url = absl::StrCat("http://127.0.0.1:", m.peer_port);
   std::vector<std::string> argv = {options_.binary,
                                    "--name=" + m.name,
@@ -151,6 +153,12 @@ std::vector<std::string> EtcdCluster::Argv(int i) const {
                                    "--initial-cluster=" + absl::StrJoin(initial, ","),
                                    "--initial-cluster-state=new",
                                    "--initial-cluster-token=" + dir_};
+  if (!options_.tls_dir.empty()) {
+    argv.push_back("--cert-file=" + options_.tls_dir + "/server.crt");
+    argv.push_back("--key-file=" + options_.tls_dir + "/server.key");
+    argv.push_back("--trusted-ca-file=" + options_.tls_dir + "/ca.crt");
+    argv.push_back("--client-cert-auth");
+  }
   argv.insert(argv.end(), options_.args.begin(), options_.args.end());
   return argv;
 }
@@ -185,8 +193,14 @@ absl::Status EtcdCluster::Spawn(int i) {
 
 absl::Status EtcdCluster::AwaitReady(int i, absl::Time deadline) {
   // A fresh channel, so that its reconnection backoff does not outlast the member's start.
-  auto kv = etcdserverpb::KV::NewStub(
-      grpc::CreateChannel(endpoint(i), grpc::InsecureChannelCredentials()));
+  TlsFiles tls;
+  if (!options_.tls_dir.empty()) {
+    tls.cert_file = options_.tls_dir + "/admin.crt";
+    tls.key_file = options_.tls_dir + "/admin.key";
+    tls.ca_file = options_.tls_dir + "/ca.crt";
+  }
+  auto kv =
+      etcdserverpb::KV::NewStub(grpc::CreateChannel(endpoint(i), MakeChannelCredentials(tls)));
   while (absl::Now() < deadline) {
     if (!Running(i)) {
       return absl::UnavailableError(

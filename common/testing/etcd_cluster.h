@@ -46,6 +46,11 @@ class EtcdCluster {
     std::vector<std::string> args;
     // Keep the temporary directory (data and logs) when this object is destroyed.
     bool keep_data = false;
+    // TLS on the members' client URLs (https) when set: a directory as scripts/make-certs.sh
+    // makes it. Every member serves server.crt (which names 127.0.0.1) and requires a client
+    // certificate signed by ca.crt (--client-cert-auth); Start's probe presents admin.crt.
+    // The members talk to each other in plaintext.
+    std::string tls_dir;
   };
 
   explicit EtcdCluster(Options options);
