@@ -33,7 +33,9 @@ RUN set -eu; cd /git; commit="$GIT_COMMIT"; \
 FROM debian:bookworm-slim AS build
 WORKDIR /src
 # The build dependencies only (no test packages), from the list that scripts/build.sh uses.
-# Copied on its own so that this layer is rebuilt only when the list changes.
+# Copied on its own so that this layer is rebuilt only when the list changes. Among them is
+# golang-etcd-server-dev, for etcd's protos, which the build compiles into cache_server (its etcd
+# storage); the runtime stage needs nothing more for it.
 COPY scripts/deps.sh scripts/deps.sh
 RUN bash scripts/deps.sh --build && rm -rf /var/lib/apt/lists/*
 # Only what building the two programs reads (CMake with SHARDCACHE_BUILD_TESTS=OFF adds no other

@@ -64,7 +64,6 @@
 #include "absl/time/clock.h"
 #include "bench/bench_util.h"
 #include "bench/ccr_scale.h"
-#include "bench/etcd_process.h"
 #include "bench/h2_client.h"
 #include "bench/read_load.h"
 #include "bench/replication_load.h"
@@ -75,6 +74,7 @@
 #include "common/callback_queue_ticker.h"
 #include "common/flags.h"
 #include "common/status_macros.h"
+#include "common/testing/etcd_cluster.h"
 #include "common/testing/server_process.h"
 #include "common/tls.h"
 #include "shardcache/v1/store.grpc.pb.h"
@@ -892,30 +892,34 @@ class SideServer {
       cache_ = std::make_unique<Server>(options_);
       return cache_->Start();
     }
-    etcd_ = std::make_unique<EtcdProcess>(options_.etcd, options_.etcd_args);
+    testing::EtcdCluster::Options etcd;
+    etcd.binary = options_.etcd;
+    etcd.args = options_.etcd_args;
+    etcd.keep_data = options_.keep_data;
+    etcd_ = std::make_unique<testing::EtcdCluster>(etcd);
     return etcd_->Start();
   }
   void Stop(bool show_log) {
     if (cache_ != nullptr) cache_->Stop(show_log);
     cache_.reset();
     if (etcd_ != nullptr && show_log) {
-      std::string log = etcd_->Log();
+      std::string log = etcd_->Log(0);
       if (log.size() > 4000) log = "..." + log.substr(log.size() - 4000);
       std::cerr << "--- etcd log (tail) ---\n" << log << "---\n";
     }
-    if (etcd_ != nullptr) etcd_->Stop(options_.keep_data);
+    if (etcd_ != nullptr) etcd_->Stop(0);  // its directory is removed unless --keep_data
     etcd_.reset();
   }
   Target::Kind kind() const { return kind_; }
   std::string name() const { return kind_ == Target::Kind::kCacheServer ? "cache_server" : "etcd"; }
   std::string address() const {
-    return cache_ != nullptr ? cache_->address() : etcd_ != nullptr ? etcd_->address() : "";
+    return cache_ != nullptr ? cache_->address() : etcd_ != nullptr ? etcd_->endpoint(0) : "";
   }
   pid_t pid() const {
-    return cache_ != nullptr ? cache_->pid() : etcd_ != nullptr ? etcd_->pid() : -1;
+    return cache_ != nullptr ? cache_->pid() : etcd_ != nullptr ? etcd_->pid(0) : -1;
   }
   std::string data_dir() const {
-    return cache_ != nullptr ? cache_->data_dir() : etcd_ != nullptr ? etcd_->data_dir() : "";
+    return cache_ != nullptr ? cache_->data_dir() : etcd_ != nullptr ? etcd_->data_dir(0) : "";
   }
   // A target over `channels` fresh channels to this server.
   // cache_server's watches start from its current revision, as etcd's do (see target.h).
@@ -939,7 +943,7 @@ class SideServer {
   const Options& options_;
   const Target::Kind kind_;
   std::unique_ptr<Server> cache_;
-  std::unique_ptr<EtcdProcess> etcd_;
+  std::unique_ptr<testing::EtcdCluster> etcd_;  // one member
 };
 
 // One figure of a side-by-side run, per round and server.

@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "bench/bench_util.h"
-#include "etcd/rpc.grpc.pb.h"
+#include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 
 namespace shardcache::bench {
 namespace {

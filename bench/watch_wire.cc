@@ -16,7 +16,7 @@ using google::protobuf::io::CodedInputStream;
 constexpr char kInitialEventsEnd[] = "k8s.io/initial-events-end";
 
 // Field numbers of the messages read here (proto/shardcache/v1/store.proto,
-// google/protobuf/struct.proto, bench/etcd/*.proto).
+// google/protobuf/struct.proto, etcd's etcdserverpb/rpc.proto and mvccpb/kv.proto).
 constexpr int kObjectMetadata = 1;
 constexpr int kObjectSpec = 2;
 constexpr int kMetaResourceVersion = 6;

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
-#include "etcd/rpc.pb.h"
+#include "etcd/etcdserver/etcdserverpb/rpc.pb.h"
 #include "shardcache/v1/store.pb.h"
 
 namespace shardcache::bench {

@@ -2,7 +2,10 @@
 # Installs the Debian 12 packages that building, running and testing shardcache need (clang, its
 # sanitizer runtimes and llvm's symbolizer are for scripts/check.sh's builds; Docker's engine,
 # docker-compose 1.29 and debootstrap for integration_tests/compose_test.py; kubectl, from
-# kubernetes-client unless one is on PATH, for integration_tests/kube_api_test.py).
+# kubernetes-client unless one is on PATH, for integration_tests/kube_api_test.py; etcd-server
+# for the tests of cache_server's etcd storage (label "etcd") and store_bench's etcd target).
+# golang-etcd-server-dev is a build package: cache_server's etcd client is generated from the
+# protos it ships (proto/CMakeLists.txt; its Go sources come along, but no Go compiler).
 #
 #   scripts/deps.sh           everything: building, the tests, the sanitizer builds
 #   scripts/deps.sh --build   only what building the two programs needs (cmake
@@ -15,6 +18,7 @@ packages=(
   build-essential cmake pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libspdlog-dev prometheus-cpp-dev libcpp-httplib-dev librocksdb-dev libssl-dev grpc-proto
+  golang-etcd-server-dev
 )
 case "${1:-}" in
   --build) ;;
@@ -22,7 +26,7 @@ case "${1:-}" in
     packages+=(
       ccache clang-format git openssl
       libgtest-dev libgmock-dev libnghttp2-dev
-      python3 python3-grpcio python3-protobuf procps prometheus
+      python3 python3-grpcio python3-protobuf procps prometheus etcd-server
       clang libclang-rt-14-dev llvm
       docker.io docker-compose debootstrap
     )
