@@ -34,6 +34,12 @@ void GroupCommitter::Stop() {
   // then has nothing left to sync.
   if (thread_.joinable()) thread_.join();
   if (sync_thread_.joinable()) sync_thread_.join();
+  std::deque<Waiter> left;
+  {
+    absl::MutexLock l(&mu_);
+    left.swap(waiters_);
+  }
+  for (Waiter& w : left) w.complete();
 }
 
 void GroupCommitter::AddEvent(EventPtr event) {

@@ -37,7 +37,9 @@
 //   sync thread.
 // - When there has been nothing to commit for about a second, Owner::OnIdle is called (the
 //   history window's age limit is applied then).
-// - Stop writes, syncs and completes everything added before it, then ends both threads.
+// - Stop writes, syncs and completes everything added before it, then ends both threads, and
+//   runs every completion still waiting (a store on etcd stops while revisions that etcd has
+//   already made durable are still on their way to it).
 //
 // Thread-safety: every method is thread-safe. The owner calls the Add methods and
 // SetCompactedRevision in revision order, under its own lock; the committer's lock is only ever
