@@ -14,9 +14,12 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "cache_server/authorizer.h"
+#include "cache_server/etcd_client.h"
+#include "cache_server/etcd_layout.h"
 #include "cache_server/kube_api_server.h"
 #include "cache_server/object_store.h"
 #include "cache_server/rocksdb_storage.h"
@@ -47,8 +50,29 @@ ABSL_FLAG(int64_t, max_object_bytes, 1536 * 1024,
 ABSL_FLAG(int64_t, history_events, 10000,
           "events kept in the watch history window; a watch or continued list from an older "
           "revision fails with OUT_OF_RANGE (too old resource version)");
+ABSL_FLAG(std::string, storage, "rocksdb",
+          "where the store keeps its data: rocksdb (in --data-dir, this process alone) or etcd "
+          "(on an etcd cluster, --etcd-endpoints, shared by every cache_server replica with the "
+          "same --etcd-prefix)");
 ABSL_FLAG(std::string, data_dir, "shardcache-data",
           "the directory where the store keeps its data (RocksDB); created when absent");
+ABSL_FLAG(std::string, etcd_endpoints, "",
+          "--storage=etcd: the etcd members' client addresses, host:port,host:port,...");
+ABSL_FLAG(std::string, etcd_prefix, "/shardcache",
+          "--storage=etcd: the key prefix under which the store lies (several stores can share "
+          "one etcd cluster under different prefixes)");
+ABSL_FLAG(std::string, etcd_cacert, "",
+          "--storage=etcd: the CA certificate that signed the etcd members' (empty: plaintext)");
+ABSL_FLAG(std::string, etcd_cert, "",
+          "--storage=etcd: this replica's client certificate for etcd (with --etcd-key)");
+ABSL_FLAG(std::string, etcd_key, "", "--storage=etcd: the key of --etcd-cert");
+ABSL_FLAG(absl::Duration, etcd_request_timeout, absl::Seconds(5),
+          "--storage=etcd: the deadline of each request to etcd; a write that etcd has not "
+          "answered by then fails with UNAVAILABLE");
+ABSL_FLAG(absl::Duration, consistent_read_timeout, absl::Seconds(3),
+          "--storage=etcd: how long a Get or a List waits for this replica to catch up with "
+          "etcd's current revision before it fails with UNAVAILABLE rather than answer stale "
+          "data; /readyz is false while the replica cannot");
 ABSL_FLAG(bool, sync, true,
           "acknowledge a write only once it is synced to disk (group commit shares syncs among "
           "concurrent writers); --sync=false: a pure cache whose last writes before a machine "
@@ -139,7 +163,9 @@ struct Config {
   std::string http_listen;
   std::string kube_api_listen;
   std::string port_file;
+  std::string storage;
   std::string data_dir;
+  EtcdClient::Options etcd;
   bool sync = true;
   int64_t min_free_disk_bytes = 0;
   absl::Duration drain_timeout;
@@ -169,6 +195,44 @@ absl::StatusOr<Config> ConfigFromFlags() {
   }
   c.data_dir = absl::GetFlag(FLAGS_data_dir);
   if (c.data_dir.empty()) return absl::InvalidArgumentError("--data-dir: must not be empty");
+  c.storage = absl::GetFlag(FLAGS_storage);
+  const std::string endpoints = absl::GetFlag(FLAGS_etcd_endpoints);
+  if (c.storage == "etcd") {
+    if (endpoints.empty()) {
+      return absl::InvalidArgumentError(
+          "--etcd-endpoints: required with --storage=etcd (host:port of each etcd member)");
+    }
+    c.etcd.endpoints = absl::StrSplit(endpoints, ',');
+    c.etcd.ca_file = absl::GetFlag(FLAGS_etcd_cacert);
+    c.etcd.cert_file = absl::GetFlag(FLAGS_etcd_cert);
+    c.etcd.key_file = absl::GetFlag(FLAGS_etcd_key);
+    if (c.etcd.cert_file.empty() != c.etcd.key_file.empty()) {
+      return absl::InvalidArgumentError("--etcd-cert and --etcd-key: give both or neither");
+    }
+    if (!c.etcd.cert_file.empty() && c.etcd.ca_file.empty()) {
+      return absl::InvalidArgumentError("--etcd-cert: requires --etcd-cacert (TLS to etcd)");
+    }
+    c.etcd.request_timeout = absl::GetFlag(FLAGS_etcd_request_timeout);
+    if (c.etcd.request_timeout < absl::Milliseconds(10)) {
+      return absl::InvalidArgumentError("--etcd-request-timeout: must be at least 10ms");
+    }
+    c.store.etcd_prefix = absl::GetFlag(FLAGS_etcd_prefix);
+    if (absl::Status prefix = ValidateEtcdPrefix(c.store.etcd_prefix); !prefix.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--etcd-prefix: ", prefix.message()));
+    }
+    c.store.consistent_read_timeout = absl::GetFlag(FLAGS_consistent_read_timeout);
+    if (c.store.consistent_read_timeout < absl::Milliseconds(10)) {
+      return absl::InvalidArgumentError("--consistent-read-timeout: must be at least 10ms");
+    }
+  } else if (c.storage == "rocksdb") {
+    if (!endpoints.empty()) {
+      return absl::InvalidArgumentError(
+          "--etcd-endpoints: only with --storage=etcd (the store is in --data-dir otherwise)");
+    }
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--storage: \"", c.storage, "\" is not a storage (want rocksdb or etcd)"));
+  }
   c.sync = absl::GetFlag(FLAGS_sync);
   c.min_free_disk_bytes = absl::GetFlag(FLAGS_min_free_disk_bytes);
   if (c.min_free_disk_bytes < 0) {
@@ -281,18 +345,46 @@ absl::StatusOr<Config> ConfigFromFlags() {
 
 int Run(Config config, const std::string& role_name) {
   absl::Time load_start = absl::Now();
-  RocksDbStorage::Options storage_options;
-  storage_options.data_dir = config.data_dir;
-  storage_options.sync = config.sync;
-  storage_options.min_free_bytes = config.min_free_disk_bytes;
-  auto storage = RocksDbStorage::Open(std::move(storage_options));
-  if (!storage.ok()) return Refuse(storage.status());
-  absl::StatusOr<PersistedState> state = (*storage)->Load();
-  if (!state.ok()) return Refuse(state.status());
+  std::unique_ptr<RocksDbStorage> storage;
+  std::unique_ptr<EtcdClient> etcd;
+  absl::StatusOr<PersistedState> state;
+  std::string location;
+  if (config.storage == "etcd") {
+    absl::StatusOr<std::unique_ptr<EtcdClient>> client = EtcdClient::Create(config.etcd);
+    if (!client.ok()) {
+      return Refuse(absl::InvalidArgumentError(
+          absl::StrCat("--etcd-endpoints: ", client.status().message())));
+    }
+    etcd = *std::move(client);
+    state = LoadEtcdState(etcd.get(), config.store.etcd_prefix);
+    if (!state.ok()) {
+      return Refuse(
+          absl::Status(state.status().code(),
+                       absl::StrCat("cannot load the store from etcd (",
+                                    absl::StrJoin(config.etcd.endpoints, ","), ", prefix ",
+                                    config.store.etcd_prefix, "): ", state.status().message())));
+    }
+    config.store.etcd = etcd.get();
+    // Reads wait for the replica's watch, which needs gRPC's callback threads.
+    config.service.read_threads = 8;
+    location = absl::StrCat("etcd ", absl::StrJoin(config.etcd.endpoints, ","), " prefix ",
+                            config.store.etcd_prefix);
+  } else {
+    RocksDbStorage::Options storage_options;
+    storage_options.data_dir = config.data_dir;
+    storage_options.sync = config.sync;
+    storage_options.min_free_bytes = config.min_free_disk_bytes;
+    auto opened = RocksDbStorage::Open(std::move(storage_options));
+    if (!opened.ok()) return Refuse(opened.status());
+    storage = *std::move(opened);
+    state = storage->Load();
+    if (!state.ok()) return Refuse(state.status());
+    config.store.storage = storage.get();
+    location = config.data_dir;
+  }
   spdlog::info("loaded store {}: {} objects and {} history events at revision {} from {} in {}",
                state->store_id, state->objects.size(), state->history.size(), state->revision,
-               config.data_dir, absl::FormatDuration(absl::Now() - load_start));
-  config.store.storage = storage->get();
+               location, absl::FormatDuration(absl::Now() - load_start));
 
   auto registry = std::make_shared<prometheus::Registry>();
   RegisterBuildInfo(*registry);
@@ -302,7 +394,8 @@ int Run(Config config, const std::string& role_name) {
   std::unique_ptr<Authorizer> authorizer;
   if (config.authorization.has_value()) {
     authorizer = std::make_unique<Authorizer>(
-        *config.authorization, [&store](const v1::GetRequest& req) { return store.Get(req); },
+        *config.authorization,
+        [&store](const v1::GetRequest& req) { return store.Get(req, /*consistent=*/false); },
         *registry);
     config.service.authorizer = authorizer.get();
   }
@@ -347,8 +440,10 @@ int Run(Config config, const std::string& role_name) {
         absl::StrCat("--listen: cannot listen on ", config.listen, " (address in use?)")));
   }
   std::atomic<bool> ready{true};
-  HttpServer http(registry, [&ready]() {
-    return ready.load() ? absl::OkStatus() : absl::UnavailableError("shutting down");
+  // Ready while serving and, on etcd, while this replica is in step with etcd's quorum.
+  HttpServer http(registry, [&ready, &store]() {
+    if (!ready.load()) return absl::UnavailableError("shutting down");
+    return store.CheckCaughtUp();
   });
   if (config.http_tls) {
     absl::StatusOr<std::shared_ptr<ReloadingKeyPair>> keys = ReloadingKeyPair::Load(config.tls);
@@ -407,13 +502,13 @@ int Run(Config config, const std::string& role_name) {
   CallbackQueueTicker ticker;
   server->GetHealthCheckService()->SetServingStatus(true);
   spdlog::info(
-      "serving role={} store_id={} grpc={} (port {}) http={} (port {}) data_dir={} sync={} "
+      "serving role={} store_id={} grpc={} (port {}) http={} (port {}) storage={} sync={} "
       "min_free_disk_bytes={} max_object_bytes={} history_events={} history_age={} "
       "keepalive_time={} "
       "keepalive_timeout={} tls={} client_certificates={} authorization={} http_tls={} "
       "kube_api={} (port {})",
       role_name, store.store_id(), config.listen, grpc_port, config.http_listen, *http_port,
-      config.data_dir, config.sync, config.min_free_disk_bytes, config.store.max_object_bytes,
+      location, config.sync, config.min_free_disk_bytes, config.store.max_object_bytes,
       config.store.history_events, absl::FormatDuration(config.store.history_age),
       absl::FormatDuration(config.keepalive_time), absl::FormatDuration(config.keepalive_timeout),
       config.tls.server_enabled(), !config.tls.ca_file.empty(),

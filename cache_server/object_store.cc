@@ -13,6 +13,7 @@
 #include "cache_server/object_validation.h"
 #include "cache_server/uuid.h"
 #include "common/error_info.h"
+#include "common/resources.h"
 #include "common/status_macros.h"
 #include "common/validation.h"
 
@@ -96,15 +97,43 @@ ObjectStore::ObjectStore(Options options, WatchCache* watch_cache, StoreMetrics*
       registry_(options.role),
       committer_(options.storage, watch_cache, metrics, this, state.revision,
                  state.compacted_revision) {
+  const int64_t loaded_revision = state.revision;
   {
     absl::MutexLock l(&mu_);
     RecoverLocked(std::move(state));
+    etcd_seen_revision_ = loaded_revision;
   }
   watch_cache_->SetHistory(this);
   committer_.Start();
+  if (on_etcd()) {
+    const std::string all = options_.etcd_prefix + "/";
+    etcd_watch_ = options_.etcd->Watch(all, EtcdClient::PrefixEnd(all), loaded_revision + 1, this);
+  }
 }
 
 ObjectStore::~ObjectStore() {
+  if (on_etcd()) {
+    // No write starts from now on, nothing more is applied, and every transaction on its way is
+    // answered; the committer's Stop then answers the writes that etcd committed but the watch
+    // has not brought back.
+    {
+      absl::MutexLock l(&etcd_mu_);
+      etcd_stopping_ = true;
+    }
+    etcd_watch_->Stop();
+    {
+      absl::MutexLock l(&etcd_mu_);
+      etcd_mu_.Await(absl::Condition(
+          +[](int* txns) { return *txns == 0; }, &etcd_txns_));
+    }
+    // Writes waiting to be decided again end UNAVAILABLE.
+    std::multimap<int64_t, std::function<void()>> waiting;
+    {
+      absl::MutexLock l(&mu_);
+      waiting.swap(seen_waiters_);
+    }
+    for (auto& [revision, then] : waiting) then();
+  }
   committer_.Stop();
   watch_cache_->SetHistory(nullptr);
 }
@@ -193,16 +222,22 @@ std::vector<ObjectStore::ResourceSummary> ObjectStore::Resources() const {
 }
 
 void ObjectStore::OnDurable(int64_t revision) {
-  absl::MutexLock l(&mu_);
-  durable_revision_ = revision;
-  CompactLocked();
-  metrics_->revision.Set(static_cast<double>(durable_revision_));
+  {
+    absl::MutexLock l(&mu_);
+    durable_revision_ = revision;
+    CompactLocked();
+    metrics_->revision.Set(static_cast<double>(durable_revision_));
+  }
+  if (on_etcd()) MaybeCompactEtcd();
 }
 
 void ObjectStore::OnIdle() {
   (void)CheckSpace();  // keeps the metric current while no write comes
-  absl::MutexLock l(&mu_);
-  CompactLocked();  // let old events leave the window by age
+  {
+    absl::MutexLock l(&mu_);
+    CompactLocked();  // let old events leave the window by age
+  }
+  if (on_etcd()) MaybeCompactEtcd();
 }
 
 absl::StatusOr<ObjectRef> ObjectStore::Create(const v1::CreateRequest& req) {
@@ -229,17 +264,40 @@ absl::StatusOr<int64_t> ObjectStore::ClaimEpoch(const v1::ClaimEpochRequest& req
   return Await<int64_t>([&](EpochCallback done) { ClaimEpochAsync(req, std::move(done)); });
 }
 
+absl::StatusOr<int64_t> ObjectStore::ClaimEpochLocked(const v1::ClaimEpochRequest& req) {
+  const v1::Fence& fence = req.fence();
+  // A write's fence is optional; a claim's is the whole request.
+  RETURN_IF_ERROR(ValidateDNS1123Label("fence.shard", fence.shard()));
+  if (fence.epoch() == 0) {
+    return absl::InvalidArgumentError("fence.epoch: Required value: the epoch to claim");
+  }
+  RETURN_IF_ERROR(CheckFenceLocked(fence, "claim"));
+  return fence.epoch();  // the shard's highest epoch now
+}
+
 void ObjectStore::ClaimEpochAsync(const v1::ClaimEpochRequest& req, EpochCallback done) {
+  if (on_etcd()) {
+    auto op = std::make_shared<EtcdOp>();
+    auto request = std::make_shared<v1::ClaimEpochRequest>(req);
+    auto result = std::make_shared<absl::StatusOr<int64_t>>();
+    op->queue_key = absl::StrCat("e/", req.fence().shard());
+    op->decide = [this, request, result]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      *result = ClaimEpochLocked(*request);
+      return result->status();
+    };
+    op->answer = [result, done = std::move(done)](absl::Status status, int64_t) {
+      if (status.ok()) {
+        done(*result);
+      } else {
+        done(std::move(status));
+      }
+    };
+    StartEtcdOp(std::move(op));
+    return;
+  }
   absl::StatusOr<int64_t> result = [&]() -> absl::StatusOr<int64_t> {
-    const v1::Fence& fence = req.fence();
-    // A write's fence is optional; a claim's is the whole request.
-    RETURN_IF_ERROR(ValidateDNS1123Label("fence.shard", fence.shard()));
-    if (fence.epoch() == 0) {
-      return absl::InvalidArgumentError("fence.epoch: Required value: the epoch to claim");
-    }
     absl::MutexLock l(&mu_);
-    RETURN_IF_ERROR(CheckFenceLocked(fence, "claim"));
-    return epochs_[fence.shard()];
+    return ClaimEpochLocked(req);
   }();
   // No revision to wait for; CompleteWhenDurable also waits for every epoch claimed so far, this
   // one included (the committer writes a batch of epochs alone when nothing else is pending).
@@ -255,7 +313,8 @@ ObjectRef ObjectStore::CurrentLocked(const std::string& group_resource,
   return k->second.back().object;
 }
 
-absl::StatusOr<ObjectRef> ObjectStore::Get(const v1::GetRequest& req) const {
+absl::StatusOr<ObjectRef> ObjectStore::Get(const v1::GetRequest& req, bool consistent) const {
+  if (consistent) RETURN_IF_ERROR(AwaitConsistentRead());
   absl::ReaderMutexLock l(&mu_);
   ASSIGN_OR_RETURN(ResourceInfo info, registry_.Resolve(req.resource()));
   RETURN_IF_ERROR(ValidateKey(info, "", req.shard(), req.cluster(), req.namespace_(), req.name()));
@@ -280,6 +339,7 @@ absl::StatusOr<v1::ListResponse> ObjectStore::List(const v1::ListRequest& req) c
   }
   int64_t at = position.revision;
   const std::string& last_key = position.last_key;
+  if (!continued) RETURN_IF_ERROR(AwaitConsistentRead());
 
   absl::ReaderMutexLock l(&mu_);
   ASSIGN_OR_RETURN(ResourceInfo info, registry_.Resolve(req.resource()));
@@ -324,29 +384,65 @@ absl::Status ObjectStore::CheckFenceLocked(const v1::Fence& fence, const char* w
   if (fence.epoch() <= 0) {
     return absl::InvalidArgumentError("fence.epoch: Invalid value: must be positive");
   }
-  int64_t& highest = epochs_[fence.shard()];
+  auto known = epochs_.find(fence.shard());
+  const int64_t highest = known == epochs_.end() ? 0 : known->second;
   if (fence.epoch() < highest) {
     return FencedError(
         absl::StrCat("fenced: shard \"", fence.shard(), "\" is at epoch ", highest, " and this ",
                      what, " carries epoch ", fence.epoch(), " (a newer leader holds the shard)"),
         fence.shard(), highest, fence.epoch());
   }
+  if (on_etcd()) {
+    // Compared in the write's transaction; the watch brings the raised epoch back.
+    proposal_.fence_shard = fence.shard();
+    proposal_.fence_epoch = fence.epoch();
+    proposal_.seen_epoch = highest;
+    return absl::OkStatus();
+  }
   if (fence.epoch() > highest) {
-    highest = fence.epoch();
-    committer_.AddEpoch(fence.shard(), highest);
+    epochs_[fence.shard()] = fence.epoch();
+    committer_.AddEpoch(fence.shard(), fence.epoch());
   }
   return absl::OkStatus();
 }
 
+void ObjectStore::NoteUnchangedLocked(const std::string& group_resource, const ObjectRef& cur) {
+  if (!on_etcd()) return;
+  proposal_.check_only = true;
+  proposal_.group_resource = group_resource;
+  proposal_.object = cur;
+  proposal_.expected_mod_revision = RevisionOf(cur);
+}
+
 void ObjectStore::CommitLocked(const std::string& group_resource, v1::WatchEvent::Type type,
                                ObjectRef object, ObjectRef prev) {
-  ++revision_;
+  if (!on_etcd()) {
+    ApplyLocked(revision_ + 1, group_resource, type, std::move(object), std::move(prev));
+    return;
+  }
+  // Proposed to etcd; the watch applies it.
+  proposal_.has_change = true;
+  proposal_.group_resource = group_resource;
+  proposal_.is_delete = type == v1::WatchEvent::DELETED;
+  proposal_.expected_mod_revision = prev == nullptr ? 0 : RevisionOf(prev);
+  if (proposal_.is_delete && options_.role == Role::kShard &&
+      group_resource == absl::StrCat(kDefinitionGroup, "/", kDefinitionResource)) {
+    // Its objects go in the same transaction (validated when the definition was written).
+    absl::StatusOr<ResourceInfo> info = ResourceRegistry::ParseDefinition(*prev, nullptr);
+    if (info.ok()) proposal_.purge_group_resource = info->group_resource;
+  }
+  proposal_.object = std::move(object);
+}
+
+void ObjectStore::ApplyLocked(int64_t revision, const std::string& group_resource,
+                              v1::WatchEvent::Type type, ObjectRef object, ObjectRef prev) {
+  revision_ = revision;
   auto event = std::make_shared<Event>();
   event->revision = revision_;
   event->type = type;
   event->group_resource = group_resource;
   event->object = object;
-  event->prev = std::move(prev);
+  event->prev = prev;
   event->time = options_.clock->Now();
 
   std::vector<Version>& versions = resources_[group_resource].keys[ObjectKey(object->metadata())];
@@ -357,6 +453,9 @@ void ObjectStore::CommitLocked(const std::string& group_resource, v1::WatchEvent
   committer_.AddEvent(std::move(event));
   metrics_->objects.Set(static_cast<double>(live_objects_));
   metrics_->writes.Increment();
+  if (group_resource == absl::StrCat(kDefinitionGroup, "/", kDefinitionResource)) {
+    OnDefinitionChangedLocked(prev, type == v1::WatchEvent::DELETED ? nullptr : object);
+  }
 }
 
 void ObjectStore::CompactLocked() {
@@ -398,16 +497,28 @@ absl::Status ObjectStore::CheckSpace() const {
   return space;
 }
 
+absl::StatusOr<ObjectRef> ObjectStore::CreateOpLocked(const v1::CreateRequest& req) {
+  ASSIGN_OR_RETURN(ResourceInfo info, registry_.Resolve(req.resource()));
+  if (!req.object().metadata().resource_version().empty()) {
+    return absl::InvalidArgumentError(
+        "metadata.resourceVersion: Invalid value: must be empty when creating an object");
+  }
+  return CreateLocked(info, req.resource(), req.object(), req.fence(), /*keep_status=*/false);
+}
+
 void ObjectStore::CreateAsync(const v1::CreateRequest& req, ObjectCallback done) {
+  if (on_etcd()) {
+    auto request = std::make_shared<v1::CreateRequest>(req);
+    EtcdObjectWrite(
+        absl::StrCat("o/", GroupResource(req.resource()), "/", ObjectKey(req.object().metadata())),
+        [this, request]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return CreateOpLocked(*request); },
+        std::move(done));
+    return;
+  }
   absl::StatusOr<ObjectRef> result = [&]() -> absl::StatusOr<ObjectRef> {
     RETURN_IF_ERROR(CheckSpace());
     absl::MutexLock l(&mu_);
-    ASSIGN_OR_RETURN(ResourceInfo info, registry_.Resolve(req.resource()));
-    if (!req.object().metadata().resource_version().empty()) {
-      return absl::InvalidArgumentError(
-          "metadata.resourceVersion: Invalid value: must be empty when creating an object");
-    }
-    return CreateLocked(info, req.resource(), req.object(), req.fence(), /*keep_status=*/false);
+    return CreateOpLocked(req);
   }();
   int64_t wait = result.ok() ? RevisionOf(*result) : 0;
   AnswerWhenDurable(&committer_, wait, std::move(done), std::move(result));
@@ -448,7 +559,6 @@ absl::StatusOr<ObjectRef> ObjectStore::CreateLocked(const ResourceInfo& info,
   RETURN_IF_ERROR(CheckFenceLocked(fence));
   auto stored = std::make_shared<const v1::Object>(std::move(object));
   CommitLocked(info.group_resource, v1::WatchEvent::ADDED, stored, nullptr);
-  if (is_definition) OnDefinitionChangedLocked(nullptr, stored);
   return stored;
 }
 
@@ -466,6 +576,15 @@ void ObjectStore::UpsertAsync(const v1::UpdateRequest& req, ObjectCallback done)
 
 void ObjectStore::UpdateAsyncImpl(const v1::UpdateRequest& req, UpdateKind kind,
                                   ObjectCallback done) {
+  if (on_etcd()) {
+    auto request = std::make_shared<v1::UpdateRequest>(req);
+    EtcdObjectWrite(
+        absl::StrCat("o/", GroupResource(req.resource()), "/", ObjectKey(req.object().metadata())),
+        [this, request, kind]()
+            ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return UpdateLocked(*request, kind); },
+        std::move(done));
+    return;
+  }
   absl::StatusOr<ObjectRef> result = [&]() -> absl::StatusOr<ObjectRef> {
     RETURN_IF_ERROR(CheckSpace());
     absl::MutexLock l(&mu_);
@@ -553,6 +672,7 @@ absl::StatusOr<ObjectRef> ObjectStore::UpdateLocked(const v1::UpdateRequest& req
   Normalize(&next);
   if (MessageDifferencer::Equals(next, *cur)) {
     RETURN_IF_ERROR(CheckFenceLocked(req.fence()));
+    NoteUnchangedLocked(info.group_resource, cur);
     return cur;  // no change: no new revision
   }
 
@@ -567,11 +687,33 @@ absl::StatusOr<ObjectRef> ObjectStore::UpdateLocked(const v1::UpdateRequest& req
   auto stored = std::make_shared<const v1::Object>(std::move(next));
   CommitLocked(info.group_resource, finalized ? v1::WatchEvent::DELETED : v1::WatchEvent::MODIFIED,
                stored, cur);
-  if (is_definition) OnDefinitionChangedLocked(cur, finalized ? nullptr : stored);
   return stored;
 }
 
 void ObjectStore::DeleteAsync(const v1::DeleteRequest& req, DeleteCallback done) {
+  if (on_etcd()) {
+    auto op = std::make_shared<EtcdOp>();
+    auto request = std::make_shared<v1::DeleteRequest>(req);
+    auto result = std::make_shared<absl::StatusOr<DeleteResult>>();
+    op->queue_key =
+        absl::StrCat("o/", GroupResource(req.resource()), "/",
+                     ObjectKey(req.shard(), req.cluster(), req.namespace_(), req.name()));
+    op->decide = [this, request, result]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      *result = DeleteLocked(*request);
+      return result->status();
+    };
+    op->answer = [result, done = std::move(done)](absl::Status status, int64_t revision) {
+      if (!status.ok()) {
+        done(std::move(status));
+        return;
+      }
+      DeleteResult r = **result;
+      r.object = WithRevision(r.object, revision);
+      done(std::move(r));
+    };
+    StartEtcdOp(std::move(op));
+    return;
+  }
   absl::StatusOr<DeleteResult> result = [&] {
     absl::MutexLock l(&mu_);
     return DeleteLocked(req);
@@ -609,13 +751,12 @@ absl::StatusOr<ObjectStore::DeleteResult> ObjectStore::DeleteLocked(const v1::De
   }
   RETURN_IF_ERROR(CheckFenceLocked(req.fence()));
   if (cm.finalizers_size() > 0 && cm.has_deletion_timestamp()) {
+    NoteUnchangedLocked(info.group_resource, cur);
     return DeleteResult{cur, false};  // already being deleted
   }
   v1::Object next = *cur;
   v1::ObjectMeta& nm = *next.mutable_metadata();
   nm.set_resource_version(absl::StrCat(revision_ + 1));
-  bool is_definition =
-      info.group_resource == absl::StrCat(kDefinitionGroup, "/", kDefinitionResource);
   if (cm.finalizers_size() > 0) {
     *nm.mutable_deletion_timestamp() =
         TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(options_.clock->Now()));
@@ -626,7 +767,6 @@ absl::StatusOr<ObjectStore::DeleteResult> ObjectStore::DeleteLocked(const v1::De
   }
   auto stored = std::make_shared<const v1::Object>(std::move(next));
   CommitLocked(info.group_resource, v1::WatchEvent::DELETED, stored, cur);
-  if (is_definition) OnDefinitionChangedLocked(cur, nullptr);
   return DeleteResult{stored, true};
 }
 
@@ -639,7 +779,8 @@ void ObjectStore::OnDefinitionChangedLocked(const ObjectRef& before, const Objec
   if (after == nullptr) {
     if (!old_info.ok()) return;
     registry_.RemoveDefinition(old_info->group_resource);
-    PurgeResourceLocked(old_info->group_resource);
+    // On etcd, the objects went in the definition's own transaction (CommitLocked).
+    if (!on_etcd()) PurgeResourceLocked(old_info->group_resource);
     committer_.AddResourceGone(
         old_info->group_resource, "", revision_,
         absl::NotFoundError(absl::StrCat("the resource ", before->metadata().name(),

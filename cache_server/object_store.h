@@ -31,6 +31,23 @@
 // - Shard role: deleting a ResourceDefinition deletes every object of its resource (one DELETED
 //   event each) and then ends the resource's watches with NOT_FOUND.
 //
+// Storage on etcd (Options::etcd, --storage=etcd): several stores, each a replica, share one
+// etcd cluster (docs/design.md, "Replicas on etcd"). Then etcd is the source of truth and its
+// revision is the store's: a write is decided against the replica's state as above, then
+// proposed as one etcd transaction that compares what it was decided on (etcd_layout.h); when
+// the compare fails (another replica changed the key or the shard's epoch first) the replica
+// catches up with the answer's revision and decides again (the write may then fail, e.g. with a
+// conflict). A write is answered once it is committed in etcd and the replica's own watch has
+// applied it, so the writer reads its write and can watch from its revision on that replica.
+// The replica's state, history window and watchers are fed by one etcd watch of the prefix (the
+// GroupCommitter publishes, as it does for a RocksDB store, with nothing to write); its history
+// window begins when it starts. Get and a List without a continue token are consistent reads
+// (Kubernetes' KEP-2340): they learn etcd's current revision and wait, up to
+// Options::consistent_read_timeout, until the watch has passed it (writing the progress key when
+// no change is coming), else fail with UNAVAILABLE rather than answer stale data. Writes to one key
+// through one replica are decided and proposed one at a time, in the order they arrive. etcd's
+// history is compacted as the window moves (at most every Options::etcd_compaction_interval).
+//
 // Requests are validated by the rules of object_validation.h; a paginated List continues from
 // the token of its previous page (list_token.h).
 //
@@ -44,12 +61,15 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "cache_server/etcd_client.h"
+#include "cache_server/etcd_layout.h"
 #include "cache_server/group_committer.h"
 #include "cache_server/object_filter.h"
 #include "cache_server/resource_registry.h"
@@ -61,7 +81,9 @@
 
 namespace shardcache {
 
-class ObjectStore : public EventHistory, private GroupCommitter::Owner {
+class ObjectStore : public EventHistory,
+                    private GroupCommitter::Owner,
+                    private EtcdClient::WatchHandler {
  public:
   struct Options {
     // Which resources are served (see ResourceRegistry).
@@ -77,6 +99,11 @@ class ObjectStore : public EventHistory, private GroupCommitter::Owner {
     Clock* clock = RealClock::Get();
     // Where writes are made durable; null keeps everything in memory only. Not owned.
     Storage* storage = nullptr;
+    // Storage on etcd instead (see above); `state` is then LoadEtcdState's. Not owned.
+    EtcdClient* etcd = nullptr;
+    std::string etcd_prefix;
+    absl::Duration consistent_read_timeout = absl::Seconds(3);
+    absl::Duration etcd_compaction_interval = absl::Minutes(1);
   };
 
   struct DeleteResult {
@@ -97,8 +124,12 @@ class ObjectStore : public EventHistory, private GroupCommitter::Owner {
   ObjectStore(const ObjectStore&) = delete;
   ObjectStore& operator=(const ObjectStore&) = delete;
 
-  // Reads, at the durable revision. Errors as the Store service documents.
-  absl::StatusOr<ObjectRef> Get(const v1::GetRequest& request) const;
+  // Reads, at the durable revision. Errors as the Store service documents. On etcd, Get (with
+  // `consistent`) and a List without a continue token first wait for the replica to catch up
+  // with etcd (see above), which may take a round trip to etcd and must not hold a thread that
+  // the etcd client's callbacks need (gRPC's callback threads); Get without `consistent` reads
+  // what the replica has (the authorizer's lease check: the write's fence is what protects).
+  absl::StatusOr<ObjectRef> Get(const v1::GetRequest& request, bool consistent = true) const;
   absl::StatusOr<v1::ListResponse> List(const v1::ListRequest& request) const;
 
   // Writes. `done` receives the object as stored (or an error as the Store service documents)
@@ -138,6 +169,11 @@ class ObjectStore : public EventHistory, private GroupCommitter::Owner {
   // The durable revision: every write up to it is acknowledged or about to be.
   int64_t revision() const;
 
+  // On etcd: whether this replica is in step with etcd's quorum: OK, or UNAVAILABLE when etcd's
+  // current revision cannot be read or the replica has not reached it within
+  // Options::consistent_read_timeout. OK at once for other storages.
+  absl::Status CheckCaughtUp() const ABSL_LOCKS_EXCLUDED(mu_);
+
   // A resource with live objects at the durable revision, as discovery describes it (the
   // Kubernetes view, kube_api_server.h): its "group/resource" (common/resources.h GroupResource)
   // and whether its first live object has a namespace.
@@ -155,6 +191,68 @@ class ObjectStore : public EventHistory, private GroupCommitter::Owner {
 
  private:
   enum class UpdateKind { kUpdate, kStatus, kUpsert };
+
+  // On etcd: one write on its way (object_store_etcd.cc). `decide` runs under the store's lock
+  // and decides the write against the replica's state (filling proposal_), keeping its result;
+  // `answer` gives the result to the caller: the error, or success once the write is committed
+  // at `revision` (0: it changed nothing) and applied.
+  struct EtcdOp {
+    std::string queue_key;
+    std::function<absl::Status()> decide;
+    std::function<void(absl::Status status, int64_t revision)> answer;
+    int attempts = 0;
+  };
+  using EtcdOpPtr = std::shared_ptr<EtcdOp>;
+  bool on_etcd() const { return options_.etcd != nullptr; }
+  // Queues `op` behind the writes to its key, and runs it when it is first.
+  void StartEtcdOp(EtcdOpPtr op) ABSL_LOCKS_EXCLUDED(mu_, etcd_mu_);
+  // Decides and proposes `op`; returns false, having answered nothing, when it was decided as
+  // an error (`*error`), so that the caller answers it and starts the next one without
+  // recursing.
+  bool RunEtcdOp(const EtcdOpPtr& op, absl::Status* error) ABSL_LOCKS_EXCLUDED(mu_, etcd_mu_);
+  // Answers `op` and runs the next write of its key.
+  void FinishEtcdOp(EtcdOpPtr op, absl::Status status, int64_t revision)
+      ABSL_LOCKS_EXCLUDED(mu_, etcd_mu_);
+  // The answer to `op`'s transaction (`object_changed`: whether it puts or deletes an object),
+  // sent at `sent`.
+  void OnTxnAnswer(const EtcdOpPtr& op, bool object_changed, absl::Time sent,
+                   absl::StatusOr<etcdserverpb::TxnResponse> answer)
+      ABSL_LOCKS_EXCLUDED(mu_, etcd_mu_);
+  // EtcdClient::WatchHandler: the replica's watch of the prefix.
+  void OnEvents(const std::vector<mvccpb::Event>& events, int64_t revision) override
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void OnEnd(absl::Status status) override;
+  // Applies `events` and gives the WhenSeen callbacks that they release.
+  void ApplyEtcdEvents(const std::vector<mvccpb::Event>& events,
+                       std::vector<std::function<void()>>* ready) ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs `then` once the watch has brought every change up to etcd revision `revision` (at once
+  // when it has; else from the thread that applies the watch's events). The revision may be
+  // another prefix's, or an epoch's, which this store's revision does not follow: the progress
+  // key is written, whose event comes after it.
+  void WhenSeen(int64_t revision, std::function<void()> then) ABSL_LOCKS_EXCLUDED(mu_, etcd_mu_);
+  // Writes the progress key (etcd_layout.h), asynchronously.
+  void WriteProgressKey() ABSL_LOCKS_EXCLUDED(etcd_mu_);
+  // Get and List: waits until this replica has applied etcd's current revision.
+  absl::Status AwaitConsistentRead() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Compacts etcd's history to the window's start, at most every etcd_compaction_interval (on
+  // the committer thread).
+  void MaybeCompactEtcd() ABSL_LOCKS_EXCLUDED(mu_);
+  // On etcd, a write that changes nothing still checks that the object is still at `cur`.
+  void NoteUnchangedLocked(const std::string& group_resource, const ObjectRef& cur)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records a change at `revision` (the next one for a RocksDB store; etcd's for a replica):
+  // versions, history, the committer's queue, and a ResourceDefinition's effect on the
+  // registry.
+  void ApplyLocked(int64_t revision, const std::string& group_resource, v1::WatchEvent::Type type,
+                   ObjectRef object, ObjectRef prev) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The write bodies, shared by both storages.
+  absl::StatusOr<ObjectRef> CreateOpLocked(const v1::CreateRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<int64_t> ClaimEpochLocked(const v1::ClaimEpochRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // On etcd: starts `op` for a write whose result is an object (create, update, upsert).
+  void EtcdObjectWrite(std::string queue_key, std::function<absl::StatusOr<ObjectRef>()> decide,
+                       ObjectCallback done);
 
   // Storage::CheckSpace: whether creates and updates are accepted (deletes and epoch claims
   // always are, so that space can be freed and a shard's leader can still fence).
@@ -227,8 +325,28 @@ class ObjectStore : public EventHistory, private GroupCommitter::Owner {
   std::map<std::string, int64_t> epochs_ ABSL_GUARDED_BY(mu_);
   ResourceRegistry registry_ ABSL_GUARDED_BY(mu_);
 
+  // On etcd: the write being decided (CommitLocked and CheckFenceLocked fill it).
+  EtcdWrite proposal_ ABSL_GUARDED_BY(mu_);
+  // On etcd: the last etcd revision the watch has brought, of any key of the prefix (the store's
+  // revision follows objects only, so that epochs and the progress key raise no resourceVersion,
+  // as in the RocksDB mode), and what waits for it (WhenSeen).
+  int64_t etcd_seen_revision_ ABSL_GUARDED_BY(mu_) = 0;
+  std::multimap<int64_t, std::function<void()>> seen_waiters_ ABSL_GUARDED_BY(mu_);
+
+  // On etcd: the writes of each key, the first one on its way; how many transactions are
+  // unanswered; set once the store is being destroyed. A leaf lock.
+  mutable absl::Mutex etcd_mu_;
+  absl::flat_hash_map<std::string, std::deque<EtcdOpPtr>> etcd_queues_ ABSL_GUARDED_BY(etcd_mu_);
+  int etcd_txns_ ABSL_GUARDED_BY(etcd_mu_) = 0;
+  bool etcd_stopping_ ABSL_GUARDED_BY(etcd_mu_) = false;
+  // When etcd was last compacted, and to which revision (committer thread only).
+  absl::Time etcd_compacted_at_ = absl::InfinitePast();
+  int64_t etcd_compacted_revision_ = 0;
+
   // Provides its own synchronization; its lock is taken after mu_, never before.
   GroupCommitter committer_;
+  // On etcd: the replica's watch of the prefix (started last, stopped first).
+  std::unique_ptr<EtcdWatch> etcd_watch_;
 };
 
 // The response header (gRPC initial metadata) that carries store_id() on Watch and Get.

@@ -82,6 +82,29 @@ StoreMetrics::StoreMetrics(std::shared_ptr<prometheus::Registry> registry)
           *registry, "shardcache_store_writes_refused_no_space",
           "1 while creates and updates are refused because the disk of the data directory has "
           "less free space than --min-free-disk-bytes.")),
+      etcd_txn_seconds(
+          prometheus::BuildHistogram()
+              .Name("shardcache_store_etcd_txn_duration_seconds")
+              .Help("Round trip of each write transaction to etcd (--storage=etcd).")
+              .Register(*registry)
+              .Add({}, prometheus::Histogram::BucketBoundaries{0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                                               0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
+                                                               5})),
+      etcd_txn_retries(MakeCounter(
+          *registry, "shardcache_store_etcd_txn_retries_total",
+          "Write transactions whose compares failed because another writer changed the key or "
+          "the shard's epoch first; the write was decided again.")),
+      etcd_watch_revision(MakeGauge(
+          *registry, "shardcache_store_etcd_watch_revision",
+          "The etcd revision that this replica's watch has reached (progress notifications "
+          "included).")),
+      etcd_compacted_revision(
+          MakeGauge(*registry, "shardcache_store_etcd_compacted_revision",
+                    "The revision to which this replica last compacted etcd's history.")),
+      etcd_stale_reads_refused(MakeCounter(
+          *registry, "shardcache_store_etcd_stale_reads_refused_total",
+          "Consistent reads refused (UNAVAILABLE) because this replica had not caught up with "
+          "etcd's revision within --consistent-read-timeout.")),
       registry_(std::move(registry)),
       requests_(prometheus::BuildCounter()
                     .Name("shardcache_grpc_requests_total")

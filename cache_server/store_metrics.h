@@ -52,6 +52,15 @@ class StoreMetrics {
   prometheus::Counter& watch_catch_up_events;
   // 1 while creates and updates are refused for want of disk space (Storage::CheckSpace).
   prometheus::Gauge& writes_refused_no_space;
+  // Storage on etcd: each write transaction's round trip; transactions whose compares failed
+  // (the write is decided again); the revision the replica's watch has reached (progress
+  // notifications included) and etcd's compacted revision as this replica last set it;
+  // consistent reads refused because the replica did not catch up in time.
+  prometheus::Histogram& etcd_txn_seconds;
+  prometheus::Counter& etcd_txn_retries;
+  prometheus::Gauge& etcd_watch_revision;
+  prometheus::Gauge& etcd_compacted_revision;
+  prometheus::Counter& etcd_stale_reads_refused;
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;

@@ -56,7 +56,35 @@ class StoreService::UnaryCall : public grpc::ServerUnaryReactor {
 
 StoreService::StoreService(Options options, ObjectStore* store, WatchCache* watch_cache,
                            StoreMetrics* metrics)
-    : options_(options), store_(store), watch_cache_(watch_cache), metrics_(metrics) {}
+    : options_(options), store_(store), watch_cache_(watch_cache), metrics_(metrics) {
+  for (int i = 0; i < options_.read_threads; ++i) readers_.emplace_back([this] { ReadLoop(); });
+}
+
+void StoreService::RunRead(std::function<void()> read) {
+  if (readers_.empty()) {
+    read();
+    return;
+  }
+  absl::MutexLock l(&reads_mu_);
+  reads_.push_back(std::move(read));
+}
+
+void StoreService::ReadLoop() {
+  while (true) {
+    std::function<void()> read;
+    {
+      absl::MutexLock l(&reads_mu_);
+      auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(reads_mu_) {
+        return !reads_.empty() || reads_stopping_;
+      };
+      reads_mu_.Await(absl::Condition(&work));
+      if (reads_.empty()) return;
+      read = std::move(reads_.front());
+      reads_.pop_front();
+    }
+    read();
+  }
+}
 
 StoreService::UnaryCall* StoreService::Begin(const grpc::CallbackServerContext& ctx,
                                              const char* method, const grpc::ByteBuffer& raw,
@@ -119,8 +147,10 @@ grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* ctx,
   ctx->AddInitialMetadata(kStoreIdMetadataKey, store_->store_id());
   return Serve<v1::GetRequest>(
       ctx, "Get", raw, resp, [this](const v1::GetRequest& req, UnaryCall* call) {
-        auto result = store_->Get(req);
-        call->Reply(result.status(), result.ok() ? result->get() : nullptr);
+        RunRead([this, req, call] {
+          auto result = store_->Get(req);
+          call->Reply(result.status(), result.ok() ? result->get() : nullptr);
+        });
       });
 }
 
@@ -128,12 +158,19 @@ grpc::ServerUnaryReactor* StoreService::List(grpc::CallbackServerContext* ctx,
                                              const grpc::ByteBuffer* raw, grpc::ByteBuffer* resp) {
   return Serve<v1::ListRequest>(ctx, "List", raw, resp,
                                 [this](const v1::ListRequest& req, UnaryCall* call) {
-                                  auto result = store_->List(req);
-                                  call->Reply(result.status(), result.ok() ? &*result : nullptr);
+                                  RunRead([this, req, call] {
+                                    auto result = store_->List(req);
+                                    call->Reply(result.status(), result.ok() ? &*result : nullptr);
+                                  });
                                 });
 }
 
 StoreService::~StoreService() {
+  {
+    absl::MutexLock l(&reads_mu_);
+    reads_stopping_ = true;
+  }
+  for (std::thread& t : readers_) t.join();
   StopWatches();
   // The last stream left (RemoveStream, on a gRPC thread) before the server was shut down; the
   // lock makes that visible here, before the members go.

@@ -31,10 +31,12 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <deque>
 #include <functional>
 #include <memory>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -63,6 +65,10 @@ class StoreService final : public RawStoreService, private WriteStreamReactor::O
     size_t watch_queue_events = 1000;
     // Decides who may call what (authorizer.h); null: everyone may call everything. Not owned.
     const Authorizer* authorizer = nullptr;
+    // Get and List run on this many threads of the service's own (0: on gRPC's, as they come).
+    // A store on etcd makes its reads wait for the replica's watch (ObjectStore's consistent
+    // reads), whose events come on gRPC's callback threads: a read must not hold one of those.
+    int read_threads = 0;
   };
 
   // Not owned; must outlive the service.
@@ -143,6 +149,10 @@ class StoreService final : public RawStoreService, private WriteStreamReactor::O
                                        void (ObjectStore::*write)(const Request&,
                                                                   ObjectStore::ObjectCallback));
 
+  // Runs `read` on a read thread, or at once when there is none.
+  void RunRead(std::function<void()> read) ABSL_LOCKS_EXCLUDED(reads_mu_);
+  void ReadLoop() ABSL_LOCKS_EXCLUDED(reads_mu_);
+
   const Options options_;
   ObjectStore* const store_;
   WatchCache* const watch_cache_;
@@ -157,6 +167,12 @@ class StoreService final : public RawStoreService, private WriteStreamReactor::O
   // Unary calls started and not yet done.
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+
+  // Reads waiting for a read thread (Options::read_threads).
+  absl::Mutex reads_mu_;
+  std::deque<std::function<void()>> reads_ ABSL_GUARDED_BY(reads_mu_);
+  bool reads_stopping_ ABSL_GUARDED_BY(reads_mu_) = false;
+  std::vector<std::thread> readers_;
 };
 
 }  // namespace shardcache
