@@ -598,7 +598,12 @@ TEST_F(WatchTest, DefinitionDeleted_WatchersGetDeletedPerObjectThenNotFound) {
       ASSERT_TRUE(e.has_value()) << "only " << i << " DELETED events of " << names.size();
       EXPECT_EQ(e->type(), v1::WatchEvent::DELETED) << Summary(*e);
       EXPECT_TRUE(deleted.insert(e->object().metadata().name()).second) << "twice: " << Summary(*e);
-      EXPECT_GT(Rv(e->object()), prev);
+      // On etcd the objects go in the definition's own transaction: one revision for all.
+      if (StorageUnderTest() == "etcd") {
+        EXPECT_GE(Rv(e->object()), prev);
+      } else {
+        EXPECT_GT(Rv(e->object()), prev);
+      }
       prev = Rv(e->object());
     }
     EXPECT_EQ(deleted, names);

@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 
 namespace shardcache::testing {
 
@@ -83,6 +84,17 @@ absl::Status ServerProcess::StartOnce(absl::Time deadline) {
   for (const auto& a : args_)
     has_data_dir |= a.rfind("--data-dir", 0) == 0 || a.rfind("--data_dir", 0) == 0;
   if (!has_data_dir && is_cache_server) argv.push_back("--data-dir=" + data_dir());
+  if (is_cache_server && StorageUnderTest() == "etcd" && !NamesStorage(args_)) {
+    // The same test against a store on etcd: a one-member cluster of this server's own, kept
+    // across Stop and Start as the data directory is.
+    if (etcd_ == nullptr) {
+      EtcdCluster::Options options;
+      etcd_ = std::make_unique<EtcdCluster>(options);
+      RETURN_IF_ERROR(etcd_->Start(deadline - absl::Now()));
+    }
+    argv.push_back("--storage=etcd");
+    argv.push_back("--etcd-endpoints=" + etcd_->Endpoints());
+  }
   argv.insert(argv.end(), args_.begin(), args_.end());
   std::string log_path = dir_ + "/stderr.log";
   ReleasePort();
@@ -152,6 +164,20 @@ void ServerProcess::ReleasePort() {
   if (port_hold_ < 0) return;
   close(port_hold_);
   port_hold_ = -1;
+}
+
+std::string StorageUnderTest() {
+  const char* storage = std::getenv("SHARDCACHE_TEST_STORAGE");
+  return storage == nullptr || *storage == '\0' ? "rocksdb" : storage;
+}
+
+int64_t FirstRevision() { return StorageUnderTest() == "etcd" ? 2 : 1; }
+
+bool ServerProcess::NamesStorage(const std::vector<std::string>& args) {
+  for (const std::string& a : args) {
+    if (a.rfind("--storage", 0) == 0) return true;
+  }
+  return false;
 }
 
 bool ServerProcess::IsCacheServer() const {

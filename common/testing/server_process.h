@@ -8,6 +8,11 @@
 // binary (e.g. shard_replicator, which serves no gRPC) gets only --http-listen=127.0.0.1:0
 // --port-file=...; Start waits for http_port= alone, and grpc_port() stays 0.
 //
+// With SHARDCACHE_TEST_STORAGE=etcd in the environment (ctest runs the store's process tests a
+// second time so), a cache_server whose `args` name no --storage gets --storage=etcd on a
+// one-member etcd cluster (EtcdCluster) that this object starts at the first Start and keeps,
+// as it keeps the data directory, until it is destroyed.
+//
 // The process's stderr goes to a log file in the test's temporary directory; when a test fails
 // the log's tail is printed. The destructor stops the process (SIGTERM, then SIGKILL after a
 // grace period), so a hung server never outlives its test.
@@ -19,13 +24,24 @@
 #include <netinet/in.h>
 #include <sys/types.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/testing/etcd_cluster.h"
 
 namespace shardcache::testing {
+
+// The storage that the process tests run cache_server on: "rocksdb", or "etcd" with
+// SHARDCACHE_TEST_STORAGE=etcd (see ServerProcess).
+std::string StorageUnderTest();
+// The revision of a new store: 1 on RocksDB; 2 on etcd, where the store's creation (format
+// marker and identity) is a new cluster's first change. Each write raises it by one; on etcd
+// (in a cluster that holds only this store) so does a consistent read that found no write
+// coming (it writes the progress key).
+int64_t FirstRevision();
 
 // The path of a binary built by this project, e.g. BinaryPath("cache_server/cache_server"): under
 // the build tree, or under $SHARDCACHE_BINARY_DIR when it is set (to run the tests against
@@ -83,6 +99,8 @@ class ServerProcess {
   absl::Status StartOnce(absl::Time deadline);
   // Whether binary_ is a cache_server (gets --listen and --data-dir, reports a gRPC port).
   bool IsCacheServer() const;
+  // Whether `args` choose a storage (--storage=...).
+  static bool NamesStorage(const std::vector<std::string>& args);
   // Once the process has exited: binds port_hold_ to the gRPC port (see Start).
   void HoldPort();
   // Closes port_hold_, so that the process can listen on the port again.
@@ -96,6 +114,8 @@ class ServerProcess {
   int http_port_ = 0;
   // A socket bound to grpc_port_ while the process is down, or -1.
   int port_hold_ = -1;
+  // With SHARDCACHE_TEST_STORAGE=etcd: the cluster the cache_server stores in.
+  std::unique_ptr<EtcdCluster> etcd_;
 };
 
 // The address 127.0.0.1:port.
