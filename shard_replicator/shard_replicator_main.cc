@@ -10,6 +10,7 @@
 #include "absl/flags/flag.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/callback_queue_ticker.h"
 #include "common/client/leader_elector.h"
 #include "common/flags.h"
@@ -22,8 +23,11 @@
 #include "shard_replicator/replicator.h"
 
 ABSL_FLAG(std::string, shard, "", "this shard's name (required); copies in the cache carry it");
-ABSL_FLAG(std::string, shard_store, "", "host:port of the shard's store (required)");
-ABSL_FLAG(std::string, cache, "", "host:port of the cache server (required)");
+ABSL_FLAG(std::string, shard_store, "",
+          "host:port of the shard's store, or of each of its replicas, comma-separated (required)");
+ABSL_FLAG(std::string, cache, "",
+          "host:port of the cache server, or of each of its replicas (--storage=etcd), "
+          "comma-separated: the replicator moves to another when one fails (required)");
 ABSL_FLAG(std::string, identity, "",
           "this replica's identity in the lease (default: host name plus a random suffix)");
 ABSL_FLAG(std::string, lease_cluster, "root", "the logical cluster of the lease object");
@@ -179,8 +183,10 @@ int Run() {
     const std::string& address =
         std::string(flag) == "--cache" ? options.cache : options.shard_store;
     if (address.empty()) continue;  // ShardReplicator::Start names the missing flag
-    absl::StatusOr<std::pair<std::string, int>> parsed = SplitHostPort(flag, address);
-    if (!parsed.ok()) return Refuse(parsed.status());
+    for (absl::string_view one : absl::StrSplit(address, ',')) {
+      absl::StatusOr<std::pair<std::string, int>> parsed = SplitHostPort(flag, std::string(one));
+      if (!parsed.ok()) return Refuse(parsed.status());
+    }
   }
 
   absl::StatusOr<std::unique_ptr<ShardReplicator>> replicator = ShardReplicator::Start(options);

@@ -4,6 +4,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/endpoints.h"
 #include "common/grpc_status.h"
 #include "common/resources.h"
 #include "common/status_macros.h"
@@ -42,7 +44,15 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateStoreChannel(
   absl::StatusOr<grpc::ChannelArguments> args = StoreChannelArguments(keepalive);
   if (!args.ok()) return args.status();
   if (credentials == nullptr) credentials = grpc::InsecureChannelCredentials();
-  return grpc::CreateCustomChannel(target, credentials, *args);
+  std::vector<std::string> endpoints = absl::StrSplit(target, ',');
+  if (endpoints.size() == 1) return grpc::CreateCustomChannel(target, credentials, *args);
+  // Replicas of one store: the channel keeps to one that answers (pick_first) and moves to
+  // another when it fails; their resourceVersions are the same, so watches resume there.
+  ASSIGN_OR_RETURN(ChannelTarget replicas, MakeChannelTarget(endpoints, "store endpoint"));
+  if (!replicas.authority.empty()) {
+    args->SetString(GRPC_ARG_DEFAULT_AUTHORITY, replicas.authority);
+  }
+  return grpc::CreateCustomChannel(replicas.uri, credentials, *args);
 }
 
 absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Create(
