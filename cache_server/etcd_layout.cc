@@ -105,6 +105,8 @@ absl::StatusOr<int64_t> ParseEtcdEpoch(const std::string& value) {
 etcdserverpb::TxnRequest MakeEtcdTxn(const std::string& prefix, const EtcdWrite& write,
                                      bool* changes) {
   etcdserverpb::TxnRequest txn;
+  bool ignored;
+  if (changes == nullptr) changes = &ignored;
   *changes = false;
   if (write.has_change || write.check_only) {
     std::string key = EtcdObjectKey(prefix, write.group_resource, write.object->metadata());

@@ -93,9 +93,9 @@ struct EtcdWrite {
   int64_t seen_epoch = 0;
 };
 // The transaction of `write`: its compares, and its changes when they hold (nothing when not).
-// Whether it changes anything (puts or deletes) is `changes`.
+// Whether it changes anything (puts or deletes) goes to `changes`, when it is not null.
 etcdserverpb::TxnRequest MakeEtcdTxn(const std::string& prefix, const EtcdWrite& write,
-                                     bool* changes);
+                                     bool* changes = nullptr);
 
 // Reads a store's whole state under `prefix` at one revision, for ObjectStore's start: the
 // objects (resourceVersion from their mod revision), the epochs, the store id, and the revision

@@ -68,8 +68,7 @@ bool ObjectStore::RunEtcdOp(const EtcdOpPtr& op, absl::Status* error) {
       return false;
     }
   }
-  bool changes = false;  // the answer waits for object changes only
-  etcdserverpb::TxnRequest txn = MakeEtcdTxn(options_.etcd_prefix, write, &changes);
+  etcdserverpb::TxnRequest txn = MakeEtcdTxn(options_.etcd_prefix, write);
   {
     absl::MutexLock l(&etcd_mu_);
     if (etcd_stopping_) {
