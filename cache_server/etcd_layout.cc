@@ -58,7 +58,7 @@ std::string EtcdProgressKey(const std::string& prefix) {
   return absl::StrCat(prefix, "/m/progress");
 }
 
-std::string EtcdEpochValue(int64_t epoch) { return absl::StrFormat("%019d", epoch); }
+std::string EtcdEpochValue(int64_t epoch) { return absl::StrFormat("%0*d", kEpochDigits, epoch); }
 
 EtcdKey ParseEtcdKey(const std::string& prefix, const std::string& key) {
   EtcdKey out;

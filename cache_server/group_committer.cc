@@ -34,10 +34,12 @@ void GroupCommitter::Stop() {
   // then has nothing left to sync.
   if (thread_.joinable()) thread_.join();
   if (sync_thread_.joinable()) sync_thread_.join();
+  // With a Storage every waiter was finished above; without one (a store on etcd) the revisions
+  // still awaited are durable in etcd.
   std::deque<Waiter> left;
   {
     absl::MutexLock l(&mu_);
-    left.swap(waiters_);
+    if (storage_ == nullptr) left.swap(waiters_);
   }
   for (Waiter& w : left) w.complete();
 }

@@ -127,12 +127,7 @@ ObjectStore::~ObjectStore() {
           +[](int* txns) { return *txns == 0; }, &etcd_txns_));
     }
     // Writes waiting to be decided again end UNAVAILABLE.
-    std::multimap<int64_t, std::function<void()>> waiting;
-    {
-      absl::MutexLock l(&mu_);
-      waiting.swap(seen_waiters_);
-    }
-    for (auto& [revision, then] : waiting) then();
+    FailSeenWaiters(absl::UnavailableError("server shutting down"));
   }
   committer_.Stop();
   watch_cache_->SetHistory(nullptr);
@@ -339,7 +334,19 @@ absl::StatusOr<v1::ListResponse> ObjectStore::List(const v1::ListRequest& req) c
   }
   int64_t at = position.revision;
   const std::string& last_key = position.last_key;
-  if (!continued) RETURN_IF_ERROR(AwaitConsistentRead());
+  if (!continued) {
+    RETURN_IF_ERROR(AwaitConsistentRead());
+  } else if (on_etcd()) {
+    // A page of a list that another replica began: this one may not have reached its revision.
+    auto reached = [this, at]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return durable_revision_ >= at; };
+    const bool caught_up =
+        mu_.ReaderLockWhenWithTimeout(absl::Condition(&reached), options_.consistent_read_timeout);
+    mu_.ReaderUnlock();
+    if (!caught_up) {
+      return absl::UnavailableError(
+          absl::StrCat("this replica has not reached the list's revision ", at, " yet; try again"));
+    }
+  }
 
   absl::ReaderMutexLock l(&mu_);
   ASSIGN_OR_RETURN(ResourceInfo info, registry_.Resolve(req.resource()));
@@ -835,6 +842,12 @@ absl::Status ObjectStore::StartWatch(const v1::WatchRequest& req, Watcher* watch
       return absl::OutOfRangeError(absl::StrCat(
           "too old resource version: ", from, " (the oldest revision a watch can start from is ",
           compacted_revision_, "); list again and watch from the list's resourceVersion"));
+    }
+    if (from > durable_revision_ && on_etcd()) {
+      // Another replica gave the revision, and this one has not reached it yet.
+      return absl::UnavailableError(absl::StrCat("this replica has not reached revision ", from,
+                                                 " yet (it is at ", durable_revision_,
+                                                 "); try again"));
     }
     if (from > durable_revision_) {
       return absl::OutOfRangeError(absl::StrCat("too large resource version: ", from,

@@ -46,7 +46,9 @@
 // Options::consistent_read_timeout, until the watch has passed it (writing the progress key when
 // no change is coming), else fail with UNAVAILABLE rather than answer stale data. Writes to one key
 // through one replica are decided and proposed one at a time, in the order they arrive. etcd's
-// history is compacted as the window moves (at most every Options::etcd_compaction_interval).
+// history is compacted to the revision it had Options::etcd_history_retention ago (checked every
+// Options::etcd_compaction_interval), as kube-apiserver compacts, so that another replica's watch
+// that reconnects, or a replica that loads, finds the revisions it needs.
 //
 // Requests are validated by the rules of object_validation.h; a paginated List continues from
 // the token of its previous page (list_token.h).
@@ -63,6 +65,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -104,6 +107,7 @@ class ObjectStore : public EventHistory,
     std::string etcd_prefix;
     absl::Duration consistent_read_timeout = absl::Seconds(3);
     absl::Duration etcd_compaction_interval = absl::Minutes(1);
+    absl::Duration etcd_history_retention = absl::Minutes(5);
   };
 
   struct DeleteResult {
@@ -222,19 +226,25 @@ class ObjectStore : public EventHistory,
   void OnEvents(const std::vector<mvccpb::Event>& events, int64_t revision) override
       ABSL_LOCKS_EXCLUDED(mu_);
   void OnEnd(absl::Status status) override;
-  // Applies `events` and gives the WhenSeen callbacks that they release.
+  // Applies `events` and gives the WhenSeen callbacks that they release. The DELETED events of a
+  // ResourceDefinition's objects that its deletion purged in the same transaction are not
+  // published (its watchers end with NOT_FOUND after it, as they would after those events):
+  // the fan-out keeps one event per revision.
   void ApplyEtcdEvents(const std::vector<mvccpb::Event>& events,
                        std::vector<std::function<void()>>* ready) ABSL_LOCKS_EXCLUDED(mu_);
   // Runs `then` once the watch has brought every change up to etcd revision `revision` (at once
   // when it has; else from the thread that applies the watch's events). The revision may be
   // another prefix's, or an epoch's, which this store's revision does not follow: the progress
-  // key is written, whose event comes after it.
-  void WhenSeen(int64_t revision, std::function<void()> then) ABSL_LOCKS_EXCLUDED(mu_, etcd_mu_);
+  // key is written, whose event comes after it; when that write fails, `fail` runs instead
+  // (UNAVAILABLE), as it does when the store is destroyed first.
+  void WhenSeen(int64_t revision, std::function<void()> then,
+                std::function<void(absl::Status)> fail) ABSL_LOCKS_EXCLUDED(mu_, etcd_mu_);
   // Writes the progress key (etcd_layout.h), asynchronously.
   void WriteProgressKey() ABSL_LOCKS_EXCLUDED(etcd_mu_);
   // Get and List: waits until this replica has applied etcd's current revision.
   absl::Status AwaitConsistentRead() const ABSL_LOCKS_EXCLUDED(mu_);
-  // Compacts etcd's history to the window's start, at most every etcd_compaction_interval (on
+  // Compacts etcd's history to the revision seen etcd_history_retention ago, at most every
+  // etcd_compaction_interval (on
   // the committer thread).
   void MaybeCompactEtcd() ABSL_LOCKS_EXCLUDED(mu_);
   // On etcd, a write that changes nothing still checks that the object is still at `cur`.
@@ -331,7 +341,13 @@ class ObjectStore : public EventHistory,
   // revision follows objects only, so that epochs and the progress key raise no resourceVersion,
   // as in the RocksDB mode), and what waits for it (WhenSeen).
   int64_t etcd_seen_revision_ ABSL_GUARDED_BY(mu_) = 0;
-  std::multimap<int64_t, std::function<void()>> seen_waiters_ ABSL_GUARDED_BY(mu_);
+  struct SeenWaiter {
+    std::function<void()> then;
+    std::function<void(absl::Status)> fail;
+  };
+  std::multimap<int64_t, SeenWaiter> seen_waiters_ ABSL_GUARDED_BY(mu_);
+  // Fails every WhenSeen waiter whose revision has not been seen.
+  void FailSeenWaiters(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
 
   // On etcd: the writes of each key, the first one on its way; how many transactions are
   // unanswered; set once the store is being destroyed. A leaf lock.
@@ -342,6 +358,8 @@ class ObjectStore : public EventHistory,
   // When etcd was last compacted, and to which revision (committer thread only).
   absl::Time etcd_compacted_at_ = absl::InfinitePast();
   int64_t etcd_compacted_revision_ = 0;
+  // The revision seen at each check, oldest first, back to etcd_history_retention ago.
+  std::deque<std::pair<absl::Time, int64_t>> etcd_seen_at_;
 
   // Provides its own synchronization; its lock is taken after mu_, never before.
   GroupCommitter committer_;

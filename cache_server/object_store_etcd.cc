@@ -2,6 +2,7 @@
 // and consistent reads (object_store.h, "Storage on etcd").
 #include <algorithm>
 #include <cstdlib>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "cache_server/object_store.h"
@@ -110,10 +111,13 @@ void ObjectStore::OnTxnAnswer(const EtcdOpPtr& op, bool object_changed, absl::Ti
     // Someone changed the key or the shard's epoch first: decide again once this replica has
     // seen what the transaction was compared with.
     metrics_->etcd_txn_retries.Increment();
-    WhenSeen(revision, [this, op] {
-      absl::Status error;
-      if (!RunEtcdOp(op, &error)) FinishEtcdOp(op, std::move(error), 0);
-    });
+    WhenSeen(
+        revision,
+        [this, op] {
+          absl::Status error;
+          if (!RunEtcdOp(op, &error)) FinishEtcdOp(op, std::move(error), 0);
+        },
+        [this, op](absl::Status status) { FinishEtcdOp(op, std::move(status), 0); });
     return;
   }
   // An object change is answered once the replica's readers see it; an epoch alone at once (the
@@ -162,6 +166,19 @@ void ObjectStore::ApplyEtcdEvents(const std::vector<mvccpb::Event>& events,
                                   std::vector<std::function<void()>>* ready) {
   absl::MutexLock l(&mu_);
   const std::string& prefix = options_.etcd_prefix;
+  const std::string definitions = absl::StrCat(kDefinitionGroup, "/", kDefinitionResource);
+  // The resources whose definitions these events delete, and at which revision: their objects'
+  // deletions at that revision are the definitions' purges.
+  std::map<std::string, int64_t> purged;
+  for (const mvccpb::Event& e : events) {
+    if (e.type() == mvccpb::Event::PUT) continue;
+    EtcdKey key = ParseEtcdKey(prefix, e.kv().key());
+    if (key.kind != EtcdKey::kObject || key.group_resource != definitions) continue;
+    ObjectRef definition = CurrentLocked(key.group_resource, key.object_key);
+    if (definition == nullptr) continue;
+    absl::StatusOr<ResourceInfo> info = ResourceRegistry::ParseDefinition(*definition, nullptr);
+    if (info.ok()) purged[info->group_resource] = e.kv().mod_revision();
+  }
   for (const mvccpb::Event& e : events) {
     const mvccpb::KeyValue& kv = e.kv();
     etcd_seen_revision_ = std::max(etcd_seen_revision_, kv.mod_revision());
@@ -194,21 +211,31 @@ void ObjectStore::ApplyEtcdEvents(const std::vector<mvccpb::Event>& events,
       ApplyLocked(at, key.group_resource,
                   prev == nullptr ? v1::WatchEvent::ADDED : v1::WatchEvent::MODIFIED,
                   *std::move(object), prev);
+    } else if (auto p = purged.find(key.group_resource); p != purged.end() && p->second == at) {
+      // Purged with its definition: gone without an event of its own.
+      auto r = resources_.find(key.group_resource);
+      if (r != resources_.end() && r->second.keys.erase(key.object_key) > 0 && prev != nullptr) {
+        --live_objects_;
+        metrics_->objects.Set(static_cast<double>(live_objects_));
+      }
     } else if (prev != nullptr) {
       ApplyLocked(at, key.group_resource, v1::WatchEvent::DELETED, WithRevision(prev, at), prev);
     }
   }
   metrics_->etcd_watch_revision.Set(static_cast<double>(etcd_seen_revision_));
   auto end = seen_waiters_.upper_bound(etcd_seen_revision_);
-  for (auto it = seen_waiters_.begin(); it != end; ++it) ready->push_back(std::move(it->second));
+  for (auto it = seen_waiters_.begin(); it != end; ++it) {
+    ready->push_back(std::move(it->second.then));
+  }
   seen_waiters_.erase(seen_waiters_.begin(), end);
 }
 
-void ObjectStore::WhenSeen(int64_t revision, std::function<void()> then) {
+void ObjectStore::WhenSeen(int64_t revision, std::function<void()> then,
+                           std::function<void(absl::Status)> fail) {
   {
     absl::MutexLock l(&mu_);
     if (etcd_seen_revision_ < revision) {
-      seen_waiters_.emplace(revision, std::move(then));
+      seen_waiters_.emplace(revision, SeenWaiter{std::move(then), std::move(fail)});
       then = nullptr;
     }
   }
@@ -217,6 +244,15 @@ void ObjectStore::WhenSeen(int64_t revision, std::function<void()> then) {
     return;
   }
   WriteProgressKey();
+}
+
+void ObjectStore::FailSeenWaiters(const absl::Status& status) {
+  std::multimap<int64_t, SeenWaiter> failed;
+  {
+    absl::MutexLock l(&mu_);
+    failed.swap(seen_waiters_);
+  }
+  for (auto& [revision, waiter] : failed) waiter.fail(status);
 }
 
 void ObjectStore::WriteProgressKey() {
@@ -230,7 +266,10 @@ void ObjectStore::WriteProgressKey() {
   options_.etcd->TxnAsync(
       std::move(progress), [this](absl::StatusOr<etcdserverpb::TxnResponse> answer) {
         if (!answer.ok()) {
+          // Nothing may come to release the waiters: end them (their writers may try again).
           spdlog::warn("writing etcd's progress key failed: {}", answer.status().ToString());
+          FailSeenWaiters(absl::UnavailableError(absl::StrCat(
+              "this replica cannot learn etcd's latest changes: ", answer.status().message())));
         }
         absl::MutexLock l(&etcd_mu_);
         --etcd_txns_;
@@ -304,13 +343,19 @@ absl::Status ObjectStore::CheckCaughtUp() const { return AwaitConsistentRead(); 
 void ObjectStore::MaybeCompactEtcd() {
   const absl::Time now = options_.clock->Now();
   if (now - etcd_compacted_at_ < options_.etcd_compaction_interval) return;
-  int64_t target;
+  etcd_compacted_at_ = now;
   {
     absl::ReaderMutexLock l(&mu_);
-    target = compacted_revision_;
+    etcd_seen_at_.emplace_back(now, etcd_seen_revision_);
+  }
+  // The newest revision seen at least the retention ago.
+  int64_t target = 0;
+  while (!etcd_seen_at_.empty() &&
+         now - etcd_seen_at_.front().first >= options_.etcd_history_retention) {
+    target = etcd_seen_at_.front().second;
+    etcd_seen_at_.pop_front();
   }
   if (target <= etcd_compacted_revision_) return;
-  etcd_compacted_at_ = now;
   absl::Status compacted = options_.etcd->Compact(target);
   if (!compacted.ok()) {
     spdlog::warn("compacting etcd's history to revision {} failed: {}", target,
