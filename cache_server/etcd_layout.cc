@@ -120,6 +120,13 @@ etcdserverpb::TxnRequest MakeEtcdTxn(const std::string& prefix, const EtcdWrite&
       c->set_target(etcdserverpb::Compare::MOD);
       c->set_mod_revision(write.expected_mod_revision);
     }
+    if (write.has_change && !write.definition_key.empty()) {
+      etcdserverpb::Compare* d = txn.add_compare();
+      d->set_key(write.definition_key);
+      d->set_result(etcdserverpb::Compare::EQUAL);
+      d->set_target(etcdserverpb::Compare::MOD);
+      d->set_mod_revision(write.definition_mod_revision);
+    }
     if (write.has_change && !write.purge_group_resource.empty()) {
       // Before the definition itself, so that its own deletion is the transaction's last event.
       std::string objects = EtcdResourcePrefix(prefix, write.purge_group_resource);

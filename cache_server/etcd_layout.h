@@ -85,6 +85,12 @@ struct EtcdWrite {
   // Only compares that the object at `group_resource`/`object` is still at
   // expected_mod_revision (a write that changes nothing).
   bool check_only = false;
+  // With an object change in the shard role: the etcd key of the ResourceDefinition that serves
+  // the object's resource, which must still be at `definition_mod_revision`, so that a write
+  // decided while the definition existed cannot land after another replica deleted it (and
+  // purged its objects). Empty: no such compare (built-in resources, the cache role).
+  std::string definition_key;
+  int64_t definition_mod_revision = 0;
 
   // The fence, if the write carries one: the shard's epoch key must hold `seen_epoch` (0: be
   // absent), and is raised to `epoch` when that is higher.

@@ -103,6 +103,25 @@ TEST(EtcdLayoutTest, UpdatesAndDeletesCompareTheModRevision) {
   EXPECT_TRUE(txn.success(0).request_delete_range().range_end().empty());
 }
 
+TEST(EtcdLayoutTest, AWriteOfADefinedResourceComparesItsDefinition) {
+  EtcdWrite w;
+  w.has_change = true;
+  w.group_resource = "example.com/widgets";
+  w.object = Object(Meta("", "", "default", "w1"));
+  w.definition_key = "/p/o/shardcache.io/resourcedefinitions////widgets.example.com";
+  w.definition_mod_revision = 7;
+  etcdserverpb::TxnRequest txn = MakeEtcdTxn("/p", w);
+  ASSERT_EQ(txn.compare_size(), 2);
+  EXPECT_EQ(txn.compare(1).key(), w.definition_key);
+  EXPECT_EQ(txn.compare(1).target(), etcdserverpb::Compare::MOD);
+  EXPECT_EQ(txn.compare(1).result(), etcdserverpb::Compare::EQUAL);
+  EXPECT_EQ(txn.compare(1).mod_revision(), 7);
+  // A write that changes nothing compares the object alone.
+  w.has_change = false;
+  w.check_only = true;
+  EXPECT_EQ(MakeEtcdTxn("/p", w).compare_size(), 1);
+}
+
 TEST(EtcdLayoutTest, ADefinitionsDeletionDeletesItsObjectsFirst) {
   EtcdWrite w;
   w.has_change = true;

@@ -438,6 +438,15 @@ void ObjectStore::CommitLocked(const std::string& group_resource, v1::WatchEvent
     absl::StatusOr<ResourceInfo> info = ResourceRegistry::ParseDefinition(*prev, nullptr);
     if (info.ok()) proposal_.purge_group_resource = info->group_resource;
   }
+  if (auto d = definition_keys_.find(group_resource); d != definition_keys_.end()) {
+    // The definition must still be as this replica saw it when the transaction commits.
+    const std::string definitions = absl::StrCat(kDefinitionGroup, "/", kDefinitionResource);
+    if (ObjectRef definition = CurrentLocked(definitions, d->second); definition != nullptr) {
+      proposal_.definition_key =
+          EtcdObjectKey(options_.etcd_prefix, definitions, definition->metadata());
+      proposal_.definition_mod_revision = RevisionOf(definition);
+    }
+  }
   proposal_.object = std::move(object);
 }
 
@@ -786,6 +795,7 @@ void ObjectStore::OnDefinitionChangedLocked(const ObjectRef& before, const Objec
   if (after == nullptr) {
     if (!old_info.ok()) return;
     registry_.RemoveDefinition(old_info->group_resource);
+    definition_keys_.erase(old_info->group_resource);
     // On etcd, the objects went in the definition's own transaction (CommitLocked).
     if (!on_etcd()) PurgeResourceLocked(old_info->group_resource);
     committer_.AddResourceGone(
@@ -798,6 +808,7 @@ void ObjectStore::OnDefinitionChangedLocked(const ObjectRef& before, const Objec
   absl::StatusOr<ResourceInfo> new_info = ResourceRegistry::ParseDefinition(*after, nullptr);
   if (!new_info.ok()) return;
   registry_.ApplyDefinition(*new_info);
+  definition_keys_[new_info->group_resource] = ObjectKey(after->metadata());
   if (!old_info.ok()) return;
   for (const std::string& v : old_info->versions) {
     if (std::find(new_info->versions.begin(), new_info->versions.end(), v) ==

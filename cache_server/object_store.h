@@ -335,6 +335,9 @@ class ObjectStore : public EventHistory,
   std::map<std::string, int64_t> epochs_ ABSL_GUARDED_BY(mu_);
   ResourceRegistry registry_ ABSL_GUARDED_BY(mu_);
 
+  // Shard role: the key (ObjectKey) of the ResourceDefinition of each defined resource, by
+  // group/resource, so that a write on etcd can compare that its definition is still there.
+  std::map<std::string, std::string> definition_keys_ ABSL_GUARDED_BY(mu_);
   // On etcd: the write being decided (CommitLocked and CheckFenceLocked fill it).
   EtcdWrite proposal_ ABSL_GUARDED_BY(mu_);
   // On etcd: the last etcd revision the watch has brought, of any key of the prefix (the store's

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "cache_server/etcd_client.h"
 #include "common/error_info.h"
@@ -108,6 +109,25 @@ std::unique_ptr<EtcdCluster> Cluster(int members) {
   return std::make_unique<EtcdCluster>(options);
 }
 
+// How many keys etcd holds under `prefix` (every key when it is empty); -1 when it cannot say.
+int64_t KeysIn(EtcdClient* client, const std::string& prefix = "") {
+  etcdserverpb::RangeRequest range;
+  range.set_key(prefix.empty() ? std::string(1, '\0') : prefix);
+  range.set_range_end(prefix.empty() ? std::string(1, '\0') : EtcdClient::PrefixEnd(prefix));
+  range.set_count_only(true);
+  auto r = client->Range(range);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? r->count() : -1;
+}
+
+std::unique_ptr<EtcdClient> ClientOf(const EtcdCluster& etcd) {
+  EtcdClient::Options options;
+  options.endpoints = absl::StrSplit(etcd.Endpoints(), ',');
+  auto client = EtcdClient::Create(options);
+  EXPECT_TRUE(client.ok()) << client.status();
+  return client.ok() ? *std::move(client) : nullptr;
+}
+
 v1::Fence Fence(const std::string& shard, int64_t epoch) {
   v1::Fence f;
   f.set_shard(shard);
@@ -124,7 +144,7 @@ class EtcdReplicasTest : public ::testing::Test {
     for (int i = 0; i < 2; ++i) ASSERT_NO_FATAL_FAILURE(StartReplica(i));
   }
 
-  std::vector<std::string> ReplicaArgs() const {
+  virtual std::vector<std::string> ReplicaArgs() const {
     return {"--storage=etcd", "--etcd-endpoints=" + etcd_->Endpoints(), "--etcd-prefix=/replicas",
             "--etcd-request-timeout=2s", "--consistent-read-timeout=2s"};
   }
@@ -381,6 +401,65 @@ TEST_F(EtcdReplicasTest, ARestartedReplicaLoadsTheStoreAndOthersWritesSinceIt) {
   EXPECT_EQ(Rv(got), Rv(one));
 }
 
+// Two replicas of a shard store (--role=shard), where ResourceDefinitions say what is served.
+class EtcdShardReplicasTest : public EtcdReplicasTest {
+ protected:
+  std::vector<std::string> ReplicaArgs() const override {
+    std::vector<std::string> args = EtcdReplicasTest::ReplicaArgs();
+    args.push_back("--role=shard");
+    args.push_back("--shard=a");
+    return args;
+  }
+};
+
+// A create decided by one replica while the definition is there, whose transaction reaches etcd
+// after the other replica deleted the definition (and its objects), must not land: it would leave
+// an object of a resource that nothing serves. Each round races a stream of creates through one
+// replica with the definition's deletion through the other.
+TEST_F(EtcdShardReplicasTest, NoCreateLandsAfterItsDefinitionIsDeletedThroughTheOtherReplica) {
+  Replica& a = replicas_[0];
+  Replica& b = replicas_[1];
+  std::unique_ptr<EtcdClient> etcd = ClientOf(*etcd_);
+  ASSERT_NE(etcd, nullptr);
+  const std::string widget_keys = "/replicas/o/example.com/widgets/";
+  for (int round = 0; round < 12; ++round) {
+    v1::CreateRequest define;
+    *define.mutable_resource() = DefinitionGvr();
+    *define.mutable_object() = Definition("example.com", "widgets", "Namespaced", {"v1"}, false);
+    v1::Object definition;
+    ASSERT_TRUE(Ok(a.stub->Create(Deadline().get(), define, &definition))) << "round " << round;
+    // b serves widgets once its watch has brought the definition.
+    ASSERT_TRUE(Eventually([&] { return b.Create(Widget(absl::StrCat("probe-", round))).ok(); },
+                           absl::Seconds(10), "replica b serves widgets"));
+    std::atomic<int> created{0};
+    std::atomic<bool> stopped{false};
+    grpc::Status last;
+    std::thread writer([&] {
+      for (int i = 0; i < 10000; ++i) {
+        last = b.Create(Widget(absl::StrCat("r", round, "-", i)));
+        if (!last.ok()) break;
+        ++created;
+      }
+      stopped = true;
+    });
+    // Let some creates through first, a different number each round.
+    while (created.load() < 3 + 2 * round && !stopped.load()) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    v1::DeleteRequest undefine;
+    *undefine.mutable_resource() = DefinitionGvr();
+    undefine.set_name("widgets.example.com");
+    v1::DeleteResponse deleted;
+    ASSERT_TRUE(Ok(a.stub->Delete(Deadline().get(), undefine, &deleted))) << "round " << round;
+    writer.join();
+    EXPECT_EQ(last.error_code(), grpc::StatusCode::NOT_FOUND)
+        << "round " << round << ": " << last.error_message();
+    EXPECT_EQ(KeysIn(etcd.get(), widget_keys), 0)
+        << "round " << round << ": widgets left in etcd after their definition's deletion ("
+        << created.load() << " created)";
+  }
+}
+
 // Refusals, each with nothing written to etcd.
 class EtcdRefusalTest : public ::testing::Test {
  protected:
@@ -388,23 +467,12 @@ class EtcdRefusalTest : public ::testing::Test {
     etcd_ = Cluster(1);
     absl::Status started = etcd_->Start();
     ASSERT_TRUE(started.ok()) << started;
-    EtcdClient::Options options;
-    options.endpoints = {etcd_->endpoint(0)};
-    auto client = EtcdClient::Create(options);
-    ASSERT_TRUE(client.ok()) << client.status();
-    client_ = *std::move(client);
+    client_ = ClientOf(*etcd_);
+    ASSERT_NE(client_, nullptr);
   }
 
   // The keys in etcd under `prefix` (every key when it is empty).
-  int64_t Keys(const std::string& prefix = "") {
-    etcdserverpb::RangeRequest range;
-    range.set_key(prefix.empty() ? std::string(1, '\0') : prefix);
-    range.set_range_end(prefix.empty() ? std::string(1, '\0') : EtcdClient::PrefixEnd(prefix));
-    range.set_count_only(true);
-    auto r = client_->Range(range);
-    EXPECT_TRUE(r.ok()) << r.status();
-    return r.ok() ? r->count() : -1;
-  }
+  int64_t Keys(const std::string& prefix = "") { return KeysIn(client_.get(), prefix); }
 
   std::unique_ptr<EtcdCluster> etcd_;
   std::unique_ptr<EtcdClient> client_;
