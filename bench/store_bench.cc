@@ -26,7 +26,10 @@
 // --targets=cache_server,etcd (modes write, watch, get and list): the tool also starts etcd
 //   (Debian's etcd-server) and drives the same load, through the same client code (bench/target.h),
 //   against both, --rounds times in interleaved rounds, and prints each round's figures and then
-//   each figure's mean per server side by side with their ratio.
+//   each figure's mean per server side by side with their ratio. cache_etcd and cache_etcd<N>
+//   (e.g. cache_etcd2) are cache_server replicas (one, or N) with --storage=etcd on a one-member
+//   etcd of their own: the load's channels, and so its clients and watchers, are spread evenly
+//   over the replicas.
 //
 // The tool starts its own cache_server on loopback ports (the one in the build tree unless
 // --server names another), with its data in a fresh temporary directory per server (removed when
@@ -64,6 +67,7 @@
 #include "absl/time/clock.h"
 #include "bench/bench_util.h"
 #include "bench/ccr_scale.h"
+#include "bench/cpu_limit.h"
 #include "bench/h2_client.h"
 #include "bench/read_load.h"
 #include "bench/replication_load.h"
@@ -185,9 +189,16 @@ ABSL_FLAG(absl::Duration, settle, absl::Seconds(15),
           "replicator releases an informer that nobody holds)");
 // Side by side with etcd
 ABSL_FLAG(std::vector<std::string>, targets, std::vector<std::string>({"cache_server"}),
-          "--mode=write, watch, get and list: the servers to start and load, cache_server and/or "
-          "etcd; with more than one, every run is repeated --rounds times, interleaved, and each "
-          "figure is printed per server with the ratio cache_server / etcd");
+          "--mode=write, watch, get and list: the servers to start and load: cache_server (with "
+          "--server-args), etcd, cache_etcd (a cache_server with --storage=etcd on a one-member "
+          "etcd of its own) and cache_etcd<N> (N such replicas on one etcd, the load spread over "
+          "them); with more than one, every run is repeated --rounds times, interleaved, and each "
+          "figure is printed per server with the ratio of each to the last");
+ABSL_FLAG(double, server_cores, 0,
+          "with --targets: put each cache_server process (cache_server, and each replica of "
+          "cache_etcd<N>) into a cgroup of its own limited to this many cores (0: no limit; "
+          "needs root), so that on one machine each replica stands for a server of that size "
+          "and fan-out with N replicas can be compared with one");
 ABSL_FLAG(int, rounds, 2, "with --targets or --mode=get/list: rounds of each run per server");
 ABSL_FLAG(std::string, etcd, "/usr/bin/etcd",
           "the etcd binary for --targets=...,etcd (Debian: apt-get install etcd-server)");
@@ -197,6 +208,23 @@ ABSL_FLAG(std::string, etcd_args, "",
 
 namespace shardcache::bench {
 namespace {
+
+// One server of --targets: cache_server (etcd_replicas 0: with --server-args alone; N: N
+// replicas with --storage=etcd on a one-member etcd of their own), or etcd.
+struct TargetSpec {
+  Target::Kind kind = Target::Kind::kCacheServer;
+  int etcd_replicas = 0;
+
+  bool operator==(const TargetSpec& o) const {
+    return kind == o.kind && etcd_replicas == o.etcd_replicas;
+  }
+  // As --targets names it.
+  std::string Name() const {
+    if (kind == Target::Kind::kEtcd) return "etcd";
+    if (etcd_replicas == 0) return "cache_server";
+    return etcd_replicas == 1 ? "cache_etcd" : absl::StrCat("cache_etcd", etcd_replicas);
+  }
+};
 
 struct Options {
   enum class Mode { kWrite, kWatch, kGet, kList, kFsync, kStartup, kReplication, kCcrs };
@@ -250,16 +278,17 @@ struct Options {
   int64_t read_objects = 1000;
   // The servers to start and load side by side (write, watch, get and list modes), the rounds of
   // each run per server, and the etcd binary and its extra flags.
-  std::vector<Target::Kind> targets = {Target::Kind::kCacheServer};
+  std::vector<TargetSpec> targets = {TargetSpec{}};
   int rounds = 2;
+  double server_cores = 0;  // 0: cache_server processes are not limited
   std::string etcd;
   std::vector<std::string> etcd_args;
 
   // True when the run goes through RunSideBySide: more servers than cache_server alone, or a
   // read mode.
   bool SideBySide() const {
-    return mode == Mode::kGet || mode == Mode::kList ||
-           targets != std::vector<Target::Kind>{Target::Kind::kCacheServer};
+    return mode == Mode::kGet || mode == Mode::kList || targets.size() != 1 ||
+           targets[0].kind != Target::Kind::kCacheServer || targets[0].etcd_replicas != 0;
   }
 };
 
@@ -491,21 +520,35 @@ absl::StatusOr<Options> OptionsFromFlags() {
   o.read_objects = objects == 0 ? 1000 : o.startup.objects;
   o.targets.clear();
   for (const std::string& t : absl::GetFlag(FLAGS_targets)) {
-    Target::Kind kind;
+    TargetSpec spec;
+    int replicas = 0;
     if (t == "cache_server") {
-      kind = Target::Kind::kCacheServer;
+      spec.kind = Target::Kind::kCacheServer;
     } else if (t == "etcd") {
-      kind = Target::Kind::kEtcd;
+      spec.kind = Target::Kind::kEtcd;
+    } else if (t == "cache_etcd" || (absl::StartsWith(t, "cache_etcd") &&
+                                     absl::SimpleAtoi(t.substr(strlen("cache_etcd")), &replicas) &&
+                                     replicas >= 1 && replicas <= 16)) {
+      spec.kind = Target::Kind::kCacheServer;
+      spec.etcd_replicas = std::max(replicas, 1);
     } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--targets: \"", t, "\" (want cache_server and/or etcd)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--targets: \"", t,
+          "\" (want cache_server, etcd, cache_etcd or cache_etcd<N> with N from 1 to 16)"));
     }
-    if (std::find(o.targets.begin(), o.targets.end(), kind) == o.targets.end()) {
-      o.targets.push_back(kind);
+    if (std::find(o.targets.begin(), o.targets.end(), spec) == o.targets.end()) {
+      o.targets.push_back(spec);
     }
   }
   if (o.targets.empty()) return absl::InvalidArgumentError("--targets: name at least one server");
   o.rounds = absl::GetFlag(FLAGS_rounds);
+  o.server_cores = absl::GetFlag(FLAGS_server_cores);
+  if (o.server_cores < 0 || o.server_cores > 1024) {
+    return absl::InvalidArgumentError("--server-cores: must be from 0 (no limit) to 1024");
+  }
+  if (o.server_cores > 0 && !o.SideBySide()) {
+    return absl::InvalidArgumentError("--server-cores: only with --targets");
+  }
   if (o.rounds < 1 || o.rounds > 100) {
     return absl::InvalidArgumentError("--rounds: must be from 1 to 100");
   }
@@ -519,6 +562,14 @@ absl::StatusOr<Options> OptionsFromFlags() {
     if (!o.target.empty()) {
       return absl::InvalidArgumentError(
           "--targets and --mode=get/list start their own servers: no --target");
+    }
+    for (const TargetSpec& t : o.targets) {
+      if (t.etcd_replicas > 1 && o.watch_http2) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--targets=", t.Name(),
+            ": the watchers' HTTP/2 client (--watch-client=http2) "
+            "connects to one server; use --watch-client=grpc to spread them over replicas"));
+      }
     }
     if (o.mode == Options::Mode::kWrite && o.write.api != WriteLoadOptions::Api::kUnary) {
       return absl::InvalidArgumentError(
@@ -657,11 +708,19 @@ std::string ServerDescription(const Options& o) {
   }
   if (o.SideBySide()) {
     std::vector<std::string> parts;
-    for (Target::Kind k : o.targets) {
-      if (k == Target::Kind::kCacheServer) {
+    for (const TargetSpec& t : o.targets) {
+      if (t.kind == Target::Kind::kCacheServer && t.etcd_replicas == 0) {
         parts.push_back(absl::StrCat(o.server, o.server_args.empty() ? "" : " ",
                                      absl::StrJoin(o.server_args, " "),
                                      " (--data-dir in a fresh temporary directory)"));
+      } else if (t.kind == Target::Kind::kCacheServer) {
+        parts.push_back(absl::StrCat(
+            t.Name(), ": ",
+            t.etcd_replicas == 1 ? "one replica" : absl::StrCat(t.etcd_replicas, " replicas"),
+            " of ", o.server, o.server_args.empty() ? "" : " ", absl::StrJoin(o.server_args, " "),
+            " --storage=etcd, on a one-member etcd of their own (as below); the load's channels "
+            "alternate between the replicas; the server figures (CPU, RSS) are the first "
+            "replica's"));
       } else {
         parts.push_back(
             absl::StrCat(o.etcd,
@@ -670,8 +729,14 @@ std::string ServerDescription(const Options& o) {
                          o.etcd_args.empty() ? "" : "; ", absl::StrJoin(o.etcd_args, " "), ")"));
       }
     }
-    return absl::StrCat(absl::StrJoin(parts, ", and "),
-                        ", on 127.0.0.1, started by the tool, both running for the whole run");
+    return absl::StrCat(
+        absl::StrJoin(parts, ", and "),
+        ", on 127.0.0.1, started by the tool, all running for the whole run",
+        o.server_cores > 0
+            ? absl::StrFormat("; each cache_server process limited to %g cores by a cgroup of "
+                              "its own (--server-cores), etcd not limited",
+                              o.server_cores)
+            : "");
   }
   if (!o.target.empty()) return absl::StrCat("--target=", o.target);
   return absl::StrCat(
@@ -881,27 +946,54 @@ int RunWatch(Options options) {
   return r.Verified() && r.writes_failed == 0 ? 0 : 1;
 }
 
-// One server that RunSideBySide started: cache_server or etcd.
+// One server that RunSideBySide started: cache_server, etcd, or cache_server replicas on an
+// etcd of their own.
 class SideServer {
  public:
-  SideServer(const Options& options, Target::Kind kind) : options_(options), kind_(kind) {}
+  SideServer(const Options& options, TargetSpec spec) : options_(options), spec_(spec) {}
   ~SideServer() { Stop(false); }
 
   absl::Status Start() {
-    if (kind_ == Target::Kind::kCacheServer) {
+    if (spec_.kind == Target::Kind::kCacheServer && spec_.etcd_replicas == 0) {
       cache_ = std::make_unique<Server>(options_);
-      return cache_->Start();
+      RETURN_IF_ERROR(cache_->Start());
+      return Limit(cache_->pid());
     }
     testing::EtcdCluster::Options etcd;
     etcd.binary = options_.etcd;
     etcd.args = options_.etcd_args;
     etcd.keep_data = options_.keep_data;
     etcd_ = std::make_unique<testing::EtcdCluster>(etcd);
-    return etcd_->Start();
+    RETURN_IF_ERROR(etcd_->Start());
+    for (int i = 0; i < spec_.etcd_replicas; ++i) {
+      std::vector<std::string> args = options_.server_args;
+      args.push_back("--storage=etcd");
+      args.push_back("--etcd-endpoints=" + etcd_->Endpoints());
+      replicas_.push_back(std::make_unique<testing::ServerProcess>(options_.server, args));
+      absl::Status s = replicas_.back()->Start(absl::Seconds(30));
+      if (s.ok()) s = Limit(replicas_.back()->pid());
+      if (!s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("replica ", i + 1, ": ", s.message()));
+      }
+    }
+    return absl::OkStatus();
   }
   void Stop(bool show_log) {
     if (cache_ != nullptr) cache_->Stop(show_log);
     cache_.reset();
+    for (size_t i = 0; i < replicas_.size(); ++i) {
+      if (show_log) {
+        std::string log = replicas_[i]->Log();
+        if (log.size() > 4000) log = "..." + log.substr(log.size() - 4000);
+        std::cerr << "--- replica " << i + 1 << " log (tail) ---\n" << log << "---\n";
+      }
+      replicas_[i]->Stop(absl::Seconds(60));
+      if (!options_.keep_data) {
+        std::error_code ec;
+        std::filesystem::remove_all(replicas_[i]->data_dir(), ec);
+      }
+    }
+    replicas_.clear();
     if (etcd_ != nullptr && show_log) {
       std::string log = etcd_->Log(0);
       if (log.size() > 4000) log = "..." + log.substr(log.size() - 4000);
@@ -909,41 +1001,70 @@ class SideServer {
     }
     if (etcd_ != nullptr) etcd_->Stop(0);  // its directory is removed unless --keep_data
     etcd_.reset();
+    limits_.clear();  // after their processes have exited
   }
-  Target::Kind kind() const { return kind_; }
-  std::string name() const { return kind_ == Target::Kind::kCacheServer ? "cache_server" : "etcd"; }
-  std::string address() const {
-    return cache_ != nullptr ? cache_->address() : etcd_ != nullptr ? etcd_->endpoint(0) : "";
+  Target::Kind kind() const { return spec_.kind; }
+  std::string name() const { return spec_.Name(); }
+  // The first replica's address (cache_server on etcd), or the server's.
+  std::string address() const { return addresses().empty() ? "" : addresses()[0]; }
+  std::vector<std::string> addresses() const {
+    if (cache_ != nullptr) return {cache_->address()};
+    if (!replicas_.empty()) {
+      std::vector<std::string> out;
+      for (const auto& r : replicas_) out.push_back(r->grpc_address());
+      return out;
+    }
+    if (etcd_ != nullptr) return {etcd_->endpoint(0)};
+    return {};
   }
+  // The first replica's pid (cache_server on etcd), or the server's.
   pid_t pid() const {
-    return cache_ != nullptr ? cache_->pid() : etcd_ != nullptr ? etcd_->pid(0) : -1;
+    if (cache_ != nullptr) return cache_->pid();
+    if (!replicas_.empty()) return replicas_[0]->pid();
+    return etcd_ != nullptr ? etcd_->pid(0) : -1;
   }
+  // Where the writes are made durable: the server's data directory, or etcd's.
   std::string data_dir() const {
     return cache_ != nullptr ? cache_->data_dir() : etcd_ != nullptr ? etcd_->data_dir(0) : "";
   }
-  // A target over `channels` fresh channels to this server.
+  // A target over `channels` fresh channels to this server (to its replicas in turn).
   // cache_server's watches start from its current revision, as etcd's do (see target.h).
   // With a `watch_client`, its watches go through it.
   std::unique_ptr<Target> MakeTarget(int channels,
                                      std::shared_ptr<H2Client> watch_client = nullptr) const {
-    auto ch = Channels(address(), channels);
-    return kind_ == Target::Kind::kCacheServer
+    const std::vector<std::string> to = addresses();
+    std::vector<std::shared_ptr<grpc::Channel>> ch;
+    for (int i = 0; i < channels; ++i) ch.push_back(MakeChannel(to[i % to.size()], i));
+    return kind() == Target::Kind::kCacheServer
                ? MakeStoreTarget(ch, /*watch_from_now=*/true, options_.watch.batch_events,
                                  std::move(watch_client))
                : MakeEtcdTarget(ch, std::move(watch_client));
   }
   std::unique_ptr<Target> MakeTargetOn(std::shared_ptr<grpc::Channel> channel) const {
     std::vector<std::shared_ptr<grpc::Channel>> ch = {std::move(channel)};
-    return kind_ == Target::Kind::kCacheServer
+    return kind() == Target::Kind::kCacheServer
                ? MakeStoreTarget(ch, /*watch_from_now=*/true, options_.watch.batch_events)
                : MakeEtcdTarget(ch);
   }
 
  private:
   const Options& options_;
-  const Target::Kind kind_;
+  const TargetSpec spec_;
   std::unique_ptr<Server> cache_;
-  std::unique_ptr<testing::EtcdCluster> etcd_;  // one member
+  std::vector<std::unique_ptr<testing::ServerProcess>> replicas_;
+  std::unique_ptr<testing::EtcdCluster> etcd_;     // one member
+  std::vector<std::unique_ptr<CpuLimit>> limits_;  // --server-cores: one per cache_server
+
+  // With --server-cores, puts cache_server process `pid` into a CPU limit of its own.
+  absl::Status Limit(pid_t pid) {
+    if (options_.server_cores <= 0) return absl::OkStatus();
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<CpuLimit> limit,
+        CpuLimit::Create(absl::StrCat(name(), "-", limits_.size() + 1), options_.server_cores));
+    RETURN_IF_ERROR(limit->Add(pid));
+    limits_.push_back(std::move(limit));
+    return absl::OkStatus();
+  }
 };
 
 // One figure of a side-by-side run, per round and server.
@@ -1027,8 +1148,8 @@ int RunSideBySide(Options options) {
 
   // Start every server, and fill them for the read modes.
   std::vector<std::unique_ptr<SideServer>> servers;
-  for (Target::Kind kind : options.targets) {
-    servers.push_back(std::make_unique<SideServer>(options, kind));
+  for (const TargetSpec& spec : options.targets) {
+    servers.push_back(std::make_unique<SideServer>(options, spec));
     if (absl::Status s = servers.back()->Start(); !s.ok()) {
       std::cerr << "store_bench: cannot start " << servers.back()->name() << ": " << s.message()
                 << "\n";
@@ -1244,10 +1365,13 @@ int RunSideBySide(Options options) {
     // The summary: each figure's mean over the rounds, per server, and the ratio.
     std::cout << "\n| figure (mean of " << options.rounds << " rounds) |";
     for (const auto& s : servers) std::cout << " " << s->name() << " |";
-    const bool ratio = servers.size() == 2;
-    if (ratio) std::cout << " " << servers[0]->name() << " / " << servers[1]->name() << " |";
+    // The ratio of each server's figure to the last server's (e.g. cache_server / etcd).
+    const size_t last = servers.size() - 1;
+    for (size_t si = 0; si < last; ++si) {
+      std::cout << " " << servers[si]->name() << " / " << servers[last]->name() << " |";
+    }
     std::cout << "\n|---|";
-    for (size_t i = 0; i < servers.size() + (ratio ? 1 : 0); ++i) std::cout << "---:|";
+    for (size_t i = 0; i < servers.size() + last; ++i) std::cout << "---:|";
     std::cout << "\n";
     for (size_t fi = 0; fi < figures.size(); ++fi) {
       std::cout << "| " << figures[fi].name
@@ -1265,10 +1389,10 @@ int RunSideBySide(Options options) {
         means.push_back(n > 0 ? sum / n : NAN);
         std::cout << " " << FigureCell(means.back()) << " |";
       }
-      if (ratio) {
+      for (size_t si = 0; si < last; ++si) {
         std::cout << " "
-                  << (means[1] != 0 && !std::isnan(means[0]) && !std::isnan(means[1])
-                          ? absl::StrFormat("%.2f", means[0] / means[1])
+                  << (means[last] != 0 && !std::isnan(means[si]) && !std::isnan(means[last])
+                          ? absl::StrFormat("%.2f", means[si] / means[last])
                           : std::string("n/a"))
                   << " |";
       }
