@@ -487,8 +487,8 @@ EtcdClient::~EtcdClient() {
       +[](int* in_flight) { return *in_flight == 0; }, &txns_in_flight_));
 }
 
-void EtcdClient::PrepareContext(grpc::ClientContext* ctx) const {
-  ctx->set_deadline(absl::ToChronoTime(absl::Now() + options_.request_timeout));
+void EtcdClient::PrepareContext(grpc::ClientContext* ctx, absl::Time deadline) const {
+  ctx->set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + options_.request_timeout)));
   ctx->AddMetadata(kRequireLeaderKey, kRequireLeaderValue);
 }
 
@@ -535,9 +535,9 @@ absl::StatusOr<etcdserverpb::TxnResponse> EtcdClient::Txn(const etcdserverpb::Tx
 }
 
 absl::StatusOr<etcdserverpb::RangeResponse> EtcdClient::Range(
-    const etcdserverpb::RangeRequest& request) {
+    const etcdserverpb::RangeRequest& request, absl::Time deadline) {
   grpc::ClientContext ctx;
-  PrepareContext(&ctx);
+  PrepareContext(&ctx, deadline);
   etcdserverpb::RangeResponse response;
   grpc::Status status = kv_->Range(&ctx, request, &response);
   if (!status.ok()) return EtcdError(status, options_.request_timeout);
@@ -569,13 +569,13 @@ absl::StatusOr<etcdserverpb::StatusResponse> EtcdClient::Status() {
   return response;
 }
 
-absl::StatusOr<int64_t> EtcdClient::CurrentRevision(const std::string& key) {
+absl::StatusOr<int64_t> EtcdClient::CurrentRevision(const std::string& key, absl::Time deadline) {
   etcdserverpb::RangeRequest request;
   request.set_key(key);
   request.set_limit(1);
   request.set_keys_only(true);
   request.set_count_only(true);
-  absl::StatusOr<etcdserverpb::RangeResponse> response = Range(request);
+  absl::StatusOr<etcdserverpb::RangeResponse> response = Range(request, deadline);
   if (!response.ok()) return response.status();
   return response->header().revision();
 }

@@ -91,7 +91,10 @@ class EtcdClient {
   // UNAVAILABLE when no member could be reached or none answered within request_timeout (the
   // call may then have been applied or not).
   absl::StatusOr<etcdserverpb::TxnResponse> Txn(const etcdserverpb::TxnRequest& request);
-  absl::StatusOr<etcdserverpb::RangeResponse> Range(const etcdserverpb::RangeRequest& request);
+  // Range's deadline is the earlier of `deadline` and request_timeout from now; so is
+  // CurrentRevision's.
+  absl::StatusOr<etcdserverpb::RangeResponse> Range(const etcdserverpb::RangeRequest& request,
+                                                    absl::Time deadline = absl::InfiniteFuture());
   // KV.Compact (physical=false). A revision that is already compacted is not an error.
   absl::Status Compact(int64_t revision);
   // Maintenance.Status of whichever member the channel picks.
@@ -99,7 +102,8 @@ class EtcdClient {
 
   // The cluster's current revision: the header of a linearizable Range of `key` (limit 1,
   // keys only), which goes through etcd's leader (KEP-2340's way of learning it).
-  absl::StatusOr<int64_t> CurrentRevision(const std::string& key);
+  absl::StatusOr<int64_t> CurrentRevision(const std::string& key,
+                                          absl::Time deadline = absl::InfiniteFuture());
 
   // Opens a watch of [key, range_end) from `start_revision` (> 0), with progress notifications
   // on. See EtcdWatch. The watch may outlive this client. `handler` must outlive the watch's
@@ -129,7 +133,8 @@ class EtcdClient {
  private:
   EtcdClient(Options options, std::shared_ptr<grpc::Channel> channel);
   // A context with the deadline and the metadata of every unary call.
-  void PrepareContext(grpc::ClientContext* ctx) const;
+  // Sets the deadline (the earlier of `deadline` and request_timeout from now) and the metadata.
+  void PrepareContext(grpc::ClientContext* ctx, absl::Time deadline = absl::InfiniteFuture()) const;
 
   // Constant after construction.
   const Options options_;

@@ -1,5 +1,7 @@
 // EtcdClient and EtcdWatch against real etcd processes (Debian's etcd-server) on loopback: one
-// member for the calls and the watch's contract, three for what happens when members die.
+// member for the calls and the watch's contract, three for what happens when members die; and
+// EtcdProgressWriter, which shares one progress write among the asks that come while one is on
+// its way.
 #include "cache_server/etcd_client.h"
 
 #include <gmock/gmock.h>
@@ -25,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "cache_server/etcd_progress_writer.h"
 #include "common/testing/etcd_cluster.h"
 #include "common/testing/server_process.h"
 #include "common/testing/status_matchers.h"
@@ -444,6 +447,59 @@ TEST_F(EtcdClientTest, CurrentRevision_IncreasesAfterAPut) {
   absl::StatusOr<etcdserverpb::StatusResponse> status = client_->Status();
   ASSERT_THAT(status.status(), IsOk());
   EXPECT_EQ(status->header().revision(), put);
+}
+
+// ---- EtcdProgressWriter ----
+
+TEST_F(EtcdClientTest, ProgressWriter_AsksDuringAWriteShareTheNextOne) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(1));
+  std::atomic<int> failures{0};
+  EtcdProgressWriter writer(client_.get(), "/p/m/progress",
+                            [&](const absl::Status&) { ++failures; });
+  absl::StatusOr<int64_t> before = client_->CurrentRevision("/p");
+  ASSERT_THAT(before.status(), IsOk());
+  for (int i = 0; i < 99; ++i) writer.Request();
+  absl::StatusOr<int64_t> asked_at = client_->CurrentRevision("/p");
+  ASSERT_THAT(asked_at.status(), IsOk());
+  writer.Request();
+  // A write that started after the last ask: the key's mod revision passes what was read before.
+  auto key_revision = [&]() -> int64_t {
+    etcdserverpb::RangeRequest get;
+    get.set_key("/p/m/progress");
+    absl::StatusOr<etcdserverpb::RangeResponse> r = client_->Range(get);
+    return r.ok() && r->kvs_size() == 1 ? r->kvs(0).mod_revision() : 0;
+  };
+  ASSERT_TRUE(Eventually([&] { return key_revision() > *asked_at; }, absl::Seconds(10),
+                         "a progress write after the last ask"));
+  absl::SleepFor(absl::Milliseconds(200));  // nothing more is asked: no more writes
+  writer.Stop();
+  // 100 asks, a few writes: the first, then one for every ask that came while it was on its way.
+  EXPECT_GE(writer.writes(), 2);
+  EXPECT_LE(writer.writes(), 4);
+  absl::StatusOr<int64_t> after = client_->CurrentRevision("/p");
+  ASSERT_THAT(after.status(), IsOk());
+  EXPECT_EQ(*after - *before, writer.writes());
+  EXPECT_EQ(failures.load(), 0);
+}
+
+TEST_F(EtcdClientTest, ProgressWriter_AFailedWriteIsReported) {
+  EtcdClient::Options options;
+  options.endpoints = {"127.0.0.1:1"};  // nothing listens there
+  options.request_timeout = absl::Seconds(2);
+  absl::StatusOr<std::unique_ptr<EtcdClient>> client = EtcdClient::Create(options);
+  ASSERT_THAT(client.status(), IsOk());
+  absl::Notification failed;
+  absl::Status status;
+  EtcdProgressWriter writer(client->get(), "/p/m/progress", [&](const absl::Status& s) {
+    status = s;
+    failed.Notify();
+  });
+  writer.Request();
+  ASSERT_TRUE(failed.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kUnavailable,
+                               HasSubstr("this replica cannot learn etcd's latest changes")));
+  writer.Stop();
+  EXPECT_EQ(writer.writes(), 1);
 }
 
 // ---- Watch ----

@@ -106,6 +106,11 @@ ObjectStore::ObjectStore(Options options, WatchCache* watch_cache, StoreMetrics*
   watch_cache_->SetHistory(this);
   committer_.Start();
   if (on_etcd()) {
+    progress_writer_ = std::make_unique<EtcdProgressWriter>(
+        options_.etcd, EtcdProgressKey(options_.etcd_prefix), [this](const absl::Status& status) {
+          // Nothing may come to release the waiters: end them (their writers may try again).
+          FailSeenWaiters(status);
+        });
     const std::string all = options_.etcd_prefix + "/";
     etcd_watch_ = options_.etcd->Watch(all, EtcdClient::PrefixEnd(all), loaded_revision + 1, this);
   }
@@ -121,6 +126,7 @@ ObjectStore::~ObjectStore() {
       etcd_stopping_ = true;
     }
     etcd_watch_->Stop();
+    progress_writer_->Stop();
     {
       absl::MutexLock l(&etcd_mu_);
       etcd_mu_.Await(absl::Condition(

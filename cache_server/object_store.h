@@ -73,6 +73,7 @@
 #include "absl/synchronization/mutex.h"
 #include "cache_server/etcd_client.h"
 #include "cache_server/etcd_layout.h"
+#include "cache_server/etcd_progress_writer.h"
 #include "cache_server/group_committer.h"
 #include "cache_server/object_filter.h"
 #include "cache_server/resource_registry.h"
@@ -239,8 +240,8 @@ class ObjectStore : public EventHistory,
   // (UNAVAILABLE), as it does when the store is destroyed first.
   void WhenSeen(int64_t revision, std::function<void()> then,
                 std::function<void(absl::Status)> fail) ABSL_LOCKS_EXCLUDED(mu_, etcd_mu_);
-  // Writes the progress key (etcd_layout.h), asynchronously.
-  void WriteProgressKey() ABSL_LOCKS_EXCLUDED(etcd_mu_);
+  // Writes the progress key (etcd_layout.h), asynchronously (EtcdProgressWriter).
+  void WriteProgressKey() const;
   // Get and List: waits until this replica has applied etcd's current revision.
   absl::Status AwaitConsistentRead() const ABSL_LOCKS_EXCLUDED(mu_);
   // Compacts etcd's history to the revision seen etcd_history_retention ago, at most every
@@ -366,6 +367,9 @@ class ObjectStore : public EventHistory,
 
   // Provides its own synchronization; its lock is taken after mu_, never before.
   GroupCommitter committer_;
+  // On etcd: writes the progress key for WhenSeen and consistent reads (made before the watch,
+  // stopped after it).
+  std::unique_ptr<EtcdProgressWriter> progress_writer_;
   // On etcd: the replica's watch of the prefix (started last, stopped first).
   std::unique_ptr<EtcdWatch> etcd_watch_;
 };

@@ -255,26 +255,7 @@ void ObjectStore::FailSeenWaiters(const absl::Status& status) {
   for (auto& [revision, waiter] : failed) waiter.fail(status);
 }
 
-void ObjectStore::WriteProgressKey() {
-  {
-    absl::MutexLock l(&etcd_mu_);
-    if (etcd_stopping_) return;
-    ++etcd_txns_;
-  }
-  etcdserverpb::TxnRequest progress;
-  progress.add_success()->mutable_request_put()->set_key(EtcdProgressKey(options_.etcd_prefix));
-  options_.etcd->TxnAsync(
-      std::move(progress), [this](absl::StatusOr<etcdserverpb::TxnResponse> answer) {
-        if (!answer.ok()) {
-          // Nothing may come to release the waiters: end them (their writers may try again).
-          spdlog::warn("writing etcd's progress key failed: {}", answer.status().ToString());
-          FailSeenWaiters(absl::UnavailableError(absl::StrCat(
-              "this replica cannot learn etcd's latest changes: ", answer.status().message())));
-        }
-        absl::MutexLock l(&etcd_mu_);
-        --etcd_txns_;
-      });
-}
+void ObjectStore::WriteProgressKey() const { progress_writer_->Request(); }
 
 void ObjectStore::OnEnd(absl::Status status) {
   // The replica cannot follow etcd any more (its next revision was compacted while it was cut
@@ -289,7 +270,7 @@ absl::Status ObjectStore::AwaitConsistentRead() const {
   if (!on_etcd()) return absl::OkStatus();
   const absl::Time deadline = absl::Now() + options_.consistent_read_timeout;
   absl::StatusOr<int64_t> current =
-      options_.etcd->CurrentRevision(EtcdFormatKey(options_.etcd_prefix));
+      options_.etcd->CurrentRevision(EtcdFormatKey(options_.etcd_prefix), deadline);
   if (!current.ok()) {
     return Unavailable("cannot read etcd's current revision, so cannot read consistently",
                        current.status());
@@ -300,15 +281,10 @@ absl::Status ObjectStore::AwaitConsistentRead() const {
   bool caught_up = mu_.ReaderLockWhenWithTimeout(absl::Condition(&seen), kProgressWriteAfter);
   mu_.ReaderUnlock();
   if (!caught_up) {
-    // No change of the prefix is coming: make one. Its event comes after every event of the
-    // revisions before it, so once the watch has brought it, it has brought etcd's revision.
-    etcdserverpb::TxnRequest progress;
-    progress.add_success()->mutable_request_put()->set_key(EtcdProgressKey(options_.etcd_prefix));
-    absl::StatusOr<etcdserverpb::TxnResponse> written = options_.etcd->Txn(progress);
-    if (!written.ok()) {
-      return Unavailable("cannot write etcd's progress key, so cannot read consistently",
-                         written.status());
-    }
+    // No change of the prefix is coming: make one (shared with the other readers that wait).
+    // Its event comes after every event of the revisions before it, so once the watch has
+    // brought it, it has brought etcd's revision.
+    WriteProgressKey();
     caught_up = mu_.ReaderLockWhenWithDeadline(absl::Condition(&seen), deadline);
     mu_.ReaderUnlock();
   }
