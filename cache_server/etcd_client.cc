@@ -51,6 +51,12 @@ absl::Status EtcdError(const grpc::Status& status, absl::Duration timeout) {
   return WithMessage(s, absl::StrCat("etcd: ", s.message()));
 }
 
+// Whether a Compact failed only because its revision was compacted already.
+bool IsAlreadyCompacted(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kOutOfRange &&
+         absl::StrContains(status.message(), kCompactedMessage);
+}
+
 // ---- Watch ----
 
 // A watch's state. The watch is a chain: a stream; when it breaks, an alarm (the backoff); then
@@ -484,7 +490,7 @@ EtcdClient::EtcdClient(Options options, std::shared_ptr<grpc::Channel> channel)
 EtcdClient::~EtcdClient() {
   absl::MutexLock l(&mu_);
   mu_.Await(absl::Condition(
-      +[](int* in_flight) { return *in_flight == 0; }, &txns_in_flight_));
+      +[](int* in_flight) { return *in_flight == 0; }, &calls_in_flight_));
 }
 
 void EtcdClient::PrepareContext(grpc::ClientContext* ctx, absl::Time deadline) const {
@@ -492,13 +498,15 @@ void EtcdClient::PrepareContext(grpc::ClientContext* ctx, absl::Time deadline) c
   ctx->AddMetadata(kRequireLeaderKey, kRequireLeaderValue);
 }
 
-void EtcdClient::TxnAsync(etcdserverpb::TxnRequest request, TxnCallback done) {
+template <typename Request, typename Response, typename Start>
+void EtcdClient::CallAsync(Request request, Start start,
+                           std::function<void(absl::StatusOr<Response>)> done) {
   // Everything the call uses, until its callback has run.
   struct Call {
     grpc::ClientContext context;
-    etcdserverpb::TxnRequest request;
-    etcdserverpb::TxnResponse response;
-    TxnCallback done;
+    Request request;
+    Response response;
+    std::function<void(absl::StatusOr<Response>)> done;
   };
   auto call = std::make_unique<Call>();
   call->request = std::move(request);
@@ -506,10 +514,10 @@ void EtcdClient::TxnAsync(etcdserverpb::TxnRequest request, TxnCallback done) {
   PrepareContext(&call->context);
   {
     absl::MutexLock l(&mu_);
-    ++txns_in_flight_;
+    ++calls_in_flight_;
   }
   Call* c = call.release();
-  kv_->async()->Txn(&c->context, &c->request, &c->response, [this, c](grpc::Status status) {
+  start(&c->context, &c->request, &c->response, [this, c](grpc::Status status) {
     {
       std::unique_ptr<Call> owned(c);
       if (status.ok()) {
@@ -521,8 +529,32 @@ void EtcdClient::TxnAsync(etcdserverpb::TxnRequest request, TxnCallback done) {
       // still holds its own.
     }
     absl::MutexLock l(&mu_);
-    --txns_in_flight_;  // the last touch of this client
+    --calls_in_flight_;  // the last touch of this client
   });
+}
+
+void EtcdClient::TxnAsync(etcdserverpb::TxnRequest request, TxnCallback done) {
+  CallAsync<etcdserverpb::TxnRequest, etcdserverpb::TxnResponse>(
+      std::move(request),
+      [this](auto* context, auto* req, auto* resp, auto on_status) {
+        kv_->async()->Txn(context, req, resp, std::move(on_status));
+      },
+      std::move(done));
+}
+
+void EtcdClient::CompactAsync(int64_t revision, std::function<void(absl::Status)> done) {
+  etcdserverpb::CompactionRequest request;
+  request.set_revision(revision);
+  request.set_physical(false);
+  CallAsync<etcdserverpb::CompactionRequest, etcdserverpb::CompactionResponse>(
+      std::move(request),
+      [this](auto* context, auto* req, auto* resp, auto on_status) {
+        kv_->async()->Compact(context, req, resp, std::move(on_status));
+      },
+      [done = std::move(done)](absl::StatusOr<etcdserverpb::CompactionResponse> answer) {
+        done(answer.ok() || IsAlreadyCompacted(answer.status()) ? absl::OkStatus()
+                                                                : answer.status());
+      });
 }
 
 absl::StatusOr<etcdserverpb::TxnResponse> EtcdClient::Txn(const etcdserverpb::TxnRequest& request) {
@@ -552,12 +584,9 @@ absl::Status EtcdClient::Compact(int64_t revision) {
   request.set_physical(false);
   etcdserverpb::CompactionResponse response;
   grpc::Status status = kv_->Compact(&ctx, request, &response);
-  if (status.error_code() == grpc::StatusCode::OUT_OF_RANGE &&
-      absl::StrContains(status.error_message(), kCompactedMessage)) {
-    return absl::OkStatus();
-  }
-  if (!status.ok()) return EtcdError(status, options_.request_timeout);
-  return absl::OkStatus();
+  if (status.ok()) return absl::OkStatus();
+  absl::Status error = EtcdError(status, options_.request_timeout);
+  return IsAlreadyCompacted(error) ? absl::OkStatus() : error;
 }
 
 absl::StatusOr<etcdserverpb::StatusResponse> EtcdClient::Status() {

@@ -87,6 +87,9 @@ class EtcdClient {
   // KV.Txn, asynchronously: `done` runs once, on a gRPC thread (never inside TxnAsync).
   using TxnCallback = std::function<void(absl::StatusOr<etcdserverpb::TxnResponse>)>;
   void TxnAsync(etcdserverpb::TxnRequest request, TxnCallback done);
+  // KV.Compact (physical=false), asynchronously, as TxnAsync; a revision that is already
+  // compacted is not an error.
+  void CompactAsync(int64_t revision, std::function<void(absl::Status)> done);
   // Blocking calls. Errors: etcd's (e.g. "etcd: etcdserver: request is too large"), or
   // UNAVAILABLE when no member could be reached or none answered within request_timeout (the
   // call may then have been applied or not).
@@ -132,9 +135,13 @@ class EtcdClient {
 
  private:
   EtcdClient(Options options, std::shared_ptr<grpc::Channel> channel);
-  // A context with the deadline and the metadata of every unary call.
   // Sets the deadline (the earlier of `deadline` and request_timeout from now) and the metadata.
   void PrepareContext(grpc::ClientContext* ctx, absl::Time deadline = absl::InfiniteFuture()) const;
+  // Starts a unary call with `start(context, request, response, on_status)` (a stub's async()
+  // method); `done` gets the response or the error, once, on a gRPC thread. Counted in
+  // calls_in_flight_.
+  template <typename Request, typename Response, typename Start>
+  void CallAsync(Request request, Start start, std::function<void(absl::StatusOr<Response>)> done);
 
   // Constant after construction.
   const Options options_;
@@ -143,8 +150,8 @@ class EtcdClient {
   const std::unique_ptr<etcdserverpb::Maintenance::Stub> maintenance_;
 
   absl::Mutex mu_;
-  // TxnAsync calls whose callback has not finished; the destructor waits for 0.
-  int txns_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // Asynchronous calls whose callback has not finished; the destructor waits for 0.
+  int calls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // One watch (EtcdClient::Watch). It runs on gRPC's callback API: no thread of its own. A stream

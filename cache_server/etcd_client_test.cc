@@ -586,6 +586,19 @@ TEST_F(EtcdClientTest, Compact_ThenWatchFromACompactedRevision_EndsOutOfRange) {
   EXPECT_THAT(client_->Compact(r3), IsOk());
   // A future revision is.
   EXPECT_THAT(client_->Compact(r3 + 100), StatusIs(absl::StatusCode::kOutOfRange));
+  // The same, asynchronously.
+  auto compact_async = [&](int64_t revision) {
+    absl::Notification done;
+    absl::Status status = absl::UnknownError("no answer");
+    client_->CompactAsync(revision, [&](absl::Status s) {
+      status = std::move(s);
+      done.Notify();
+    });
+    EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    return status;
+  };
+  EXPECT_THAT(compact_async(r1), IsOk());
+  EXPECT_THAT(compact_async(r3 + 100), StatusIs(absl::StatusCode::kOutOfRange));
 
   RecordingHandler handler;
   std::unique_ptr<EtcdWatch> watch =

@@ -245,9 +245,9 @@ class ObjectStore : public EventHistory,
   // Get and List: waits until this replica has applied etcd's current revision.
   absl::Status AwaitConsistentRead() const ABSL_LOCKS_EXCLUDED(mu_);
   // Compacts etcd's history to the revision seen etcd_history_retention ago, at most every
-  // etcd_compaction_interval (on
-  // the committer thread).
-  void MaybeCompactEtcd() ABSL_LOCKS_EXCLUDED(mu_);
+  // etcd_compaction_interval and one compaction at a time, without waiting for etcd's answer.
+  // Called on the committer thread.
+  void MaybeCompactEtcd() ABSL_LOCKS_EXCLUDED(mu_, etcd_mu_);
   // On etcd, a write that changes nothing still checks that the object is still at `cur`.
   void NoteUnchangedLocked(const std::string& group_resource, const ObjectRef& cur)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -359,9 +359,11 @@ class ObjectStore : public EventHistory,
   absl::flat_hash_map<std::string, std::deque<EtcdOpPtr>> etcd_queues_ ABSL_GUARDED_BY(etcd_mu_);
   int etcd_txns_ ABSL_GUARDED_BY(etcd_mu_) = 0;
   bool etcd_stopping_ ABSL_GUARDED_BY(etcd_mu_) = false;
-  // When etcd was last compacted, and to which revision (committer thread only).
+  // To which revision etcd was last compacted, and whether a compaction is on its way.
+  int64_t etcd_compacted_revision_ ABSL_GUARDED_BY(etcd_mu_) = 0;
+  bool etcd_compacting_ ABSL_GUARDED_BY(etcd_mu_) = false;
+  // When etcd's compaction was last considered (committer thread only).
   absl::Time etcd_compacted_at_ = absl::InfinitePast();
-  int64_t etcd_compacted_revision_ = 0;
   // The revision seen at each check, oldest first, back to etcd_history_retention ago.
   std::deque<std::pair<absl::Time, int64_t>> etcd_seen_at_;
 

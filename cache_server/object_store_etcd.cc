@@ -331,16 +331,26 @@ void ObjectStore::MaybeCompactEtcd() {
     target = etcd_seen_at_.front().second;
     etcd_seen_at_.pop_front();
   }
-  if (target <= etcd_compacted_revision_) return;
-  absl::Status compacted = options_.etcd->Compact(target);
-  if (!compacted.ok()) {
-    spdlog::warn("compacting etcd's history to revision {} failed: {}", target,
-                 compacted.ToString());
-    return;
+  {
+    absl::MutexLock l(&etcd_mu_);
+    if (target <= etcd_compacted_revision_ || etcd_compacting_ || etcd_stopping_) return;
+    etcd_compacting_ = true;
+    ++etcd_txns_;
   }
-  etcd_compacted_revision_ = target;
-  metrics_->etcd_compacted_revision.Set(static_cast<double>(target));
-  spdlog::debug("compacted etcd's history to revision {}", target);
+  // Asynchronous: an etcd that is slow to answer does not hold the committer up.
+  options_.etcd->CompactAsync(target, [this, target](absl::Status compacted) {
+    if (!compacted.ok()) {
+      spdlog::warn("compacting etcd's history to revision {} failed: {}", target,
+                   compacted.ToString());
+    } else {
+      metrics_->etcd_compacted_revision.Set(static_cast<double>(target));
+      spdlog::debug("compacted etcd's history to revision {}", target);
+    }
+    absl::MutexLock l(&etcd_mu_);
+    if (compacted.ok()) etcd_compacted_revision_ = target;
+    etcd_compacting_ = false;
+    --etcd_txns_;
+  });
 }
 
 }  // namespace shardcache
