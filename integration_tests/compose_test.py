@@ -376,7 +376,16 @@ def copy_source(dest):
 
     shutil.copytree(SOURCE_DIR, dest, ignore=ignore, symlinks=True)
     git = os.path.join(SOURCE_DIR, ".git")
-    if os.path.isdir(git):
+    if os.path.isfile(git):
+        # A worktree's .git names the folder of its own HEAD, which the image cannot follow:
+        # give it HEAD's commit, detached (the Dockerfile reads that form too).
+        commit = subprocess.run(["git", "-C", SOURCE_DIR, "rev-parse", "HEAD"],
+                                capture_output=True, text=True, timeout=30).stdout.strip()
+        if commit:
+            os.makedirs(os.path.join(dest, ".git"))
+            with open(os.path.join(dest, ".git", "HEAD"), "w") as f:
+                f.write(commit + "\n")
+    elif os.path.isdir(git):
         os.makedirs(os.path.join(dest, ".git"))
         for name in ("HEAD", "refs", "packed-refs"):
             source = os.path.join(git, name)
@@ -412,7 +421,11 @@ def free_ports(count):
 
 
 def port_free(port):
+    """Whether nothing listens on 127.0.0.1:port. SO_REUSEADDR, as servers bind: the connections
+    that a published port's proxy closed first stay in TIME_WAIT for a minute, without holding
+    the port for a server."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
             return True
