@@ -1,12 +1,34 @@
 # shardcache images: a build stage that compiles the binaries with CMake, and a slim runtime
-# stage with only the shared libraries they need. Both start from Debian 12 (bookworm).
+# stage with only the shared libraries they need. Both start from Debian 12 (bookworm). The
+# stage `etcd` is an image of its own: Debian's etcd 3.4, for docker-compose.ha.yml.
 #
 #   docker-compose up --build -d     # see docker-compose.yml (SHARDCACHE_BUILD_JOBS: JOBS below)
 #   docker build -t shardcache .     # the image alone
+#   docker build --target etcd -t shardcache-etcd .   # the etcd image alone
 #
 # Build arguments: JOBS=N limits the compile's parallelism (default: every core); GIT_COMMIT
 # names the commit that --version reports, for a build outside a git checkout (by default it is
 # read from the checkout's .git, of which .dockerignore lets in HEAD and the refs only).
+
+# etcd for the replicas of docker-compose.ha.yml: Debian 12's etcd-server (3.4.23) and
+# etcd-client (etcdctl). First in the file, so that building this target alone builds nothing
+# else; it needs nothing from the stages below.
+FROM debian:bookworm-slim AS etcd
+# A fixed uid, as the shardcache user below, made before the package (whose postinst then keeps
+# it). policy-rc.d keeps the package from starting the daemon during the build.
+RUN useradd --system --uid 998 --user-group --home-dir /var/lib/etcd --shell /usr/sbin/nologin etcd \
+ && printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d \
+ && apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      etcd-server etcd-client \
+ && rm -rf /var/lib/apt/lists/* /usr/sbin/policy-rc.d \
+ && mkdir -p -m 700 /var/lib/etcd && chown etcd:etcd /var/lib/etcd \
+ && etcd --version
+USER etcd
+WORKDIR /var/lib/etcd
+# Clients, peers. The members' flags are in docker-compose.ha.yml.
+EXPOSE 2379 2380
+ENTRYPOINT ["etcd"]
 
 # The commit the sources come from, in a file of its own: a stage that the refs alone change, and
 # whose output the build stage copies, so that an unchanged commit keeps the compile cached.

@@ -5,6 +5,7 @@
 #   scripts/make-certs.sh                       # into ./certs, for shard "a"
 #   scripts/make-certs.sh -o DIR -s "a b c"     # shards a, b and c
 #   scripts/make-certs.sh -o DIR --renew        # rotation: new leaf certificates, same CA
+#   scripts/make-certs.sh -n cache-2 -e "etcd-1 etcd-2 etcd-3"   # a second cache, and etcd
 #
 # DIR then holds (keys are readable by their owner only; -m sets another mode):
 #   ca.crt, ca.key              the CA (kept when present: every run reuses it)
@@ -13,6 +14,13 @@
 #   replicator-<s>.crt/.key     CN shardcache:replicator:<s>, O shardcache:replicators
 #   admin.crt, admin.key        CN admin, O shardcache:admins
 #   reader.crt, reader.key      CN reader, O shardcache:readers
+#   etcd-server.crt/.key        with -e: for every etcd member named in -e (and localhost,
+#                               127.0.0.1), for clients and peers (serverAuth and clientAuth)
+#   etcd-client.crt/.key        with -e: CN shardcache:etcd-client, what cache_server
+#                               (--etcd-cert) and etcdctl present to etcd
+#
+# -n and -e default to the environment's SHARDCACHE_CERT_NAMES and SHARDCACHE_CERT_ETCD_MEMBERS
+# (a compose overlay adds names there: environments merge, commands do not).
 #
 # A certificate already in DIR is kept (the server's only while it names every shard's store and
 # every -n name: adding a shard makes it again), unless --renew: then every certificate but the
@@ -24,13 +32,14 @@ set -euo pipefail
 
 OUT=certs
 SHARDS="a"
-EXTRA_NAMES=""
+EXTRA_NAMES="${SHARDCACHE_CERT_NAMES:-}"
+ETCD_MEMBERS="${SHARDCACHE_CERT_ETCD_MEMBERS:-}"
 DAYS=365
 RENEW=0
 KEY_MODE=600
 
 usage() {
-  sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'
   exit "${1:-0}"
 }
 
@@ -39,6 +48,7 @@ while [[ $# -gt 0 ]]; do
     -o) OUT="$2"; shift 2 ;;
     -s) SHARDS="$2"; shift 2 ;;
     -n) EXTRA_NAMES="$2"; shift 2 ;;
+    -e) ETCD_MEMBERS="$2"; shift 2 ;;
     -d) DAYS="$2"; shift 2 ;;
     -m) KEY_MODE="$2"; shift 2 ;;
     --renew) RENEW=1; shift ;;
@@ -51,6 +61,12 @@ command -v openssl >/dev/null || { echo "make-certs.sh: openssl is required" >&2
 for shard in $SHARDS; do
   if [[ ! "$shard" =~ ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$ ]]; then
     echo "make-certs.sh: \"$shard\" is not a shard name (lower-case letters, digits, -)" >&2
+    exit 2
+  fi
+done
+for member in $ETCD_MEMBERS; do
+  if [[ ! "$member" =~ ^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$ ]]; then
+    echo "make-certs.sh: \"$member\" is not an etcd member's host name" >&2
     exit 2
   fi
 done
@@ -123,3 +139,11 @@ for shard in $SHARDS; do
 done
 leaf admin "/O=shardcache:admins/CN=admin" clientAuth
 leaf reader "/O=shardcache:readers/CN=reader" clientAuth
+if [[ -n "$ETCD_MEMBERS" ]]; then
+  # One certificate for every member, for both sides of its peer connections as well as for its
+  # clients: etcd's --peer-cert-file is presented when it dials a peer too.
+  ETCD_SAN="DNS:localhost,IP:127.0.0.1"
+  for member in $ETCD_MEMBERS; do ETCD_SAN="$ETCD_SAN,DNS:$member"; done
+  leaf etcd-server "/CN=shardcache etcd" serverAuth,clientAuth "$ETCD_SAN"
+  leaf etcd-client "/CN=shardcache:etcd-client" clientAuth
+fi
