@@ -8,8 +8,12 @@
 namespace shardcache {
 
 EtcdProgressWriter::EtcdProgressWriter(EtcdClient* etcd, std::string key,
-                                       std::function<void(const absl::Status&)> on_failure)
-    : etcd_(etcd), key_(std::move(key)), on_failure_(std::move(on_failure)) {}
+                                       std::function<void(const absl::Status&)> on_failure,
+                                       std::function<void()> on_write)
+    : etcd_(etcd),
+      key_(std::move(key)),
+      on_failure_(std::move(on_failure)),
+      on_write_(std::move(on_write)) {}
 
 EtcdProgressWriter::~EtcdProgressWriter() { Stop(); }
 
@@ -31,6 +35,7 @@ void EtcdProgressWriter::Write() {
     served_ = asked_;
     ++writes_;
   }
+  if (on_write_) on_write_();
   etcdserverpb::TxnRequest progress;
   progress.add_success()->mutable_request_put()->set_key(key_);
   etcd_->TxnAsync(std::move(progress), [this](absl::StatusOr<etcdserverpb::TxnResponse> answer) {

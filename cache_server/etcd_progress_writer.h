@@ -30,9 +30,11 @@ namespace shardcache {
 
 class EtcdProgressWriter {
  public:
-  // `etcd` must outlive this object. `key` is the progress key's full etcd key.
+  // `etcd` must outlive this object. `key` is the progress key's full etcd key. `on_write`, if
+  // set, runs as each write starts (a metric).
   EtcdProgressWriter(EtcdClient* etcd, std::string key,
-                     std::function<void(const absl::Status&)> on_failure);
+                     std::function<void(const absl::Status&)> on_failure,
+                     std::function<void()> on_write = nullptr);
   ~EtcdProgressWriter();  // Stop()
   EtcdProgressWriter(const EtcdProgressWriter&) = delete;
   EtcdProgressWriter& operator=(const EtcdProgressWriter&) = delete;
@@ -52,6 +54,7 @@ class EtcdProgressWriter {
   EtcdClient* const etcd_;
   const std::string key_;
   const std::function<void(const absl::Status&)> on_failure_;
+  const std::function<void()> on_write_;
 
   mutable absl::Mutex mu_;
   // Asks so far, and the number of them that the write on its way (or the last) serves.

@@ -107,10 +107,12 @@ ObjectStore::ObjectStore(Options options, WatchCache* watch_cache, StoreMetrics*
   committer_.Start();
   if (on_etcd()) {
     progress_writer_ = std::make_unique<EtcdProgressWriter>(
-        options_.etcd, EtcdProgressKey(options_.etcd_prefix), [this](const absl::Status& status) {
+        options_.etcd, EtcdProgressKey(options_.etcd_prefix),
+        [this](const absl::Status& status) {
           // Nothing may come to release the waiters: end them (their writers may try again).
           FailSeenWaiters(status);
-        });
+        },
+        [this] { metrics_->etcd_progress_writes.Increment(); });
     const std::string all = options_.etcd_prefix + "/";
     etcd_watch_ = options_.etcd->Watch(all, EtcdClient::PrefixEnd(all), loaded_revision + 1, this);
   }

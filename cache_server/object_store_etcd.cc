@@ -268,7 +268,8 @@ void ObjectStore::OnEnd(absl::Status status) {
 
 absl::Status ObjectStore::AwaitConsistentRead() const {
   if (!on_etcd()) return absl::OkStatus();
-  const absl::Time deadline = absl::Now() + options_.consistent_read_timeout;
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + options_.consistent_read_timeout;
   absl::StatusOr<int64_t> current =
       options_.etcd->CurrentRevision(EtcdFormatKey(options_.etcd_prefix), deadline);
   if (!current.ok()) {
@@ -301,7 +302,10 @@ absl::Status ObjectStore::AwaitConsistentRead() const {
     caught_up = mu_.ReaderLockWhenWithDeadline(absl::Condition(&visible), deadline);
     mu_.ReaderUnlock();
   }
-  if (caught_up) return absl::OkStatus();
+  if (caught_up) {
+    metrics_->etcd_read_wait_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - start));
+    return absl::OkStatus();
+  }
   int64_t at;
   {
     absl::ReaderMutexLock l(&mu_);

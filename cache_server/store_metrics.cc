@@ -96,15 +96,29 @@ StoreMetrics::StoreMetrics(std::shared_ptr<prometheus::Registry> registry)
           "the shard's epoch first; the write was decided again.")),
       etcd_watch_revision(MakeGauge(
           *registry, "shardcache_store_etcd_watch_revision",
-          "The etcd revision that this replica's watch has reached (progress notifications "
-          "included).")),
+          "The etcd revision of the last change of the store's prefix that this replica's watch "
+          "has applied.")),
       etcd_compacted_revision(
           MakeGauge(*registry, "shardcache_store_etcd_compacted_revision",
                     "The revision to which this replica last compacted etcd's history.")),
+      etcd_read_wait_seconds(
+          prometheus::BuildHistogram()
+              .Name("shardcache_store_etcd_read_wait_seconds")
+              .Help("How long each consistent read (Get, List, /readyz) waited for this "
+                    "replica's watch to reach etcd's current revision: the watch's lag as "
+                    "readers see it (--storage=etcd).")
+              .Register(*registry)
+              .Add({}, prometheus::Histogram::BucketBoundaries{0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                                               0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
+                                                               5})),
       etcd_stale_reads_refused(MakeCounter(
           *registry, "shardcache_store_etcd_stale_reads_refused_total",
           "Consistent reads refused (UNAVAILABLE) because this replica had not caught up with "
           "etcd's revision within --consistent-read-timeout.")),
+      etcd_progress_writes(MakeCounter(
+          *registry, "shardcache_store_etcd_progress_writes_total",
+          "Writes of the store's progress key, made when a consistent read or a decided-again "
+          "write found no change of the prefix coming (the askers meanwhile share one write).")),
       registry_(std::move(registry)),
       requests_(prometheus::BuildCounter()
                     .Name("shardcache_grpc_requests_total")

@@ -53,14 +53,17 @@ class StoreMetrics {
   // 1 while creates and updates are refused for want of disk space (Storage::CheckSpace).
   prometheus::Gauge& writes_refused_no_space;
   // Storage on etcd: each write transaction's round trip; transactions whose compares failed
-  // (the write is decided again); the revision the replica's watch has reached (progress
-  // notifications included) and etcd's compacted revision as this replica last set it;
-  // consistent reads refused because the replica did not catch up in time.
+  // (the write is decided again); the revision the replica's watch has reached and etcd's
+  // compacted revision as this replica last set it; how long each consistent read waited for
+  // the watch (its lag as readers see it); consistent reads refused because the replica did not
+  // catch up in time; writes of the progress key.
   prometheus::Histogram& etcd_txn_seconds;
   prometheus::Counter& etcd_txn_retries;
   prometheus::Gauge& etcd_watch_revision;
   prometheus::Gauge& etcd_compacted_revision;
+  prometheus::Histogram& etcd_read_wait_seconds;
   prometheus::Counter& etcd_stale_reads_refused;
+  prometheus::Counter& etcd_progress_writes;
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;

@@ -211,6 +211,11 @@ TEST_F(EtcdReplicasTest, AWriteThroughOneReplicaIsSeenByTheOtherWithTheSameResou
   ASSERT_TRUE(Ok(b.List(&lb)));
   EXPECT_EQ(la.store_id(), lb.store_id());
   EXPECT_FALSE(la.store_id().empty());
+  // The reads waited for the watch, and say how long.
+  const std::string metrics = HttpGet(b.process->http_port(), "/metrics");
+  EXPECT_THAT(metrics, ::testing::ContainsRegex(
+                           "shardcache_store_etcd_read_wait_seconds_count [1-9][0-9]*\n"));
+  EXPECT_THAT(metrics, HasSubstr("shardcache_store_etcd_progress_writes_total "));
 }
 
 TEST_F(EtcdReplicasTest, RacingWritersThroughDifferentReplicasExactlyOneWins) {
