@@ -330,6 +330,14 @@ absl::StatusOr<ObjectRef> ObjectStore::Get(const v1::GetRequest& req, bool consi
 }
 
 absl::StatusOr<v1::ListResponse> ObjectStore::List(const v1::ListRequest& req) const {
+  ASSIGN_OR_RETURN(ListPage page, ListObjects(req));
+  v1::ListResponse resp = std::move(page.header);
+  resp.mutable_items()->Reserve(static_cast<int>(page.items.size()));
+  for (const ObjectRef& obj : page.items) *resp.add_items() = *obj;
+  return resp;
+}
+
+absl::StatusOr<ObjectStore::ListPage> ObjectStore::ListObjects(const v1::ListRequest& req) const {
   if (req.limit() < 0) {
     return absl::InvalidArgumentError("limit: Invalid value: must not be negative");
   }
@@ -369,11 +377,12 @@ absl::StatusOr<v1::ListResponse> ObjectStore::List(const v1::ListRequest& req) c
     return absl::InvalidArgumentError(
         "continue_token: Invalid value: its revision is newer than the store's");
   }
-  v1::ListResponse resp;
+  ListPage page;
+  v1::ListResponse& resp = page.header;
   resp.set_resource_version(absl::StrCat(at));
   resp.set_store_id(store_id_);
   auto r = resources_.find(info.group_resource);
-  if (r == resources_.end()) return resp;
+  if (r == resources_.end()) return page;
   const auto& keys = r->second.keys;
   std::string prefix = KeyPrefix(filter);
   auto it = continued ? keys.upper_bound(last_key) : keys.lower_bound(prefix);
@@ -383,14 +392,14 @@ absl::StatusOr<v1::ListResponse> ObjectStore::List(const v1::ListRequest& req) c
     if (it->first.compare(0, prefix.size(), prefix) != 0) break;
     const ObjectRef& obj = VersionAt(it->second, at);
     if (obj == nullptr || !filter.Matches(*obj)) continue;
-    if (req.limit() > 0 && resp.items_size() == req.limit()) {
+    if (req.limit() > 0 && static_cast<int64_t>(page.items.size()) == req.limit()) {
       resp.set_continue_token(EncodeContinueToken(at, last_returned));
       break;
     }
-    *resp.add_items() = *obj;
+    page.items.push_back(obj);
     last_returned = it->first;
   }
-  return resp;
+  return page;
 }
 
 absl::Status ObjectStore::CheckFenceLocked(const v1::Fence& fence, const char* what) {

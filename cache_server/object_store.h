@@ -135,6 +135,14 @@ class ObjectStore : public EventHistory,
   // the etcd client's callbacks need (gRPC's callback threads); Get without `consistent` reads
   // what the replica has (the authorizer's lease check: the write's fence is what protects).
   absl::StatusOr<ObjectRef> Get(const v1::GetRequest& request, bool consistent = true) const;
+  // A List's answer with its objects shared, not copied (the Store service encodes them as they
+  // are); List copies them into a ListResponse.
+  struct ListPage {
+    std::vector<ObjectRef> items;
+    // The ListResponse's other fields (no items).
+    v1::ListResponse header;
+  };
+  absl::StatusOr<ListPage> ListObjects(const v1::ListRequest& request) const;
   absl::StatusOr<v1::ListResponse> List(const v1::ListRequest& request) const;
 
   // Writes. `done` receives the object as stored (or an error as the Store service documents)

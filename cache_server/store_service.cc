@@ -1,6 +1,13 @@
 #include "cache_server/store_service.h"
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/wire_format_lite.h>
 #include <grpcpp/impl/codegen/proto_utils.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
 
 #include "absl/time/clock.h"
 #include "cache_server/request_parser.h"
@@ -12,6 +19,37 @@ namespace shardcache {
 namespace {
 
 std::string CodeName(const absl::Status& s) { return absl::StatusCodeToString(s.code()); }
+
+// A ListResponse's wire bytes from a page whose objects are shared, in one buffer of the exact
+// size that gRPC sends as it is: each object serialized as it is (field `items`), then the other
+// fields, which a parser merges into one message. This spares a copy of every object (List's)
+// and of the whole answer.
+grpc::ByteBuffer EncodeListResponse(const ObjectStore::ListPage& page) {
+  using google::protobuf::internal::WireFormatLite;
+  using google::protobuf::io::CodedOutputStream;
+  const uint32_t tag = WireFormatLite::MakeTag(v1::ListResponse::kItemsFieldNumber,
+                                               WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
+  std::vector<uint32_t> sizes;
+  sizes.reserve(page.items.size());
+  size_t total = 0;
+  for (const ObjectRef& obj : page.items) {
+    sizes.push_back(static_cast<uint32_t>(obj->ByteSizeLong()));
+    total += CodedOutputStream::VarintSize32(tag) + CodedOutputStream::VarintSize32(sizes.back()) +
+             sizes.back();
+  }
+  const std::string header = page.header.SerializeAsString();
+  total += header.size();
+  auto* buffer = static_cast<uint8_t*>(std::malloc(std::max<size_t>(total, 1)));
+  uint8_t* at = buffer;
+  for (size_t i = 0; i < page.items.size(); ++i) {
+    at = CodedOutputStream::WriteVarint32ToArray(tag, at);
+    at = CodedOutputStream::WriteVarint32ToArray(sizes[i], at);
+    at = page.items[i]->SerializeWithCachedSizesToArray(at);
+  }
+  std::memcpy(at, header.data(), header.size());
+  grpc::Slice slice(buffer, total, std::free);
+  return grpc::ByteBuffer(&slice, 1);
+}
 
 }  // namespace
 
@@ -31,9 +69,13 @@ class StoreService::UnaryCall : public grpc::ServerUnaryReactor {
           *response, response_, &own);
       if (!serialized.ok()) status = absl::InternalError(serialized.error_message());
     }
-    service_->metrics_->ObserveRequest(method_, CodeName(status),
-                                       absl::ToDoubleSeconds(absl::Now() - start_));
-    Finish(ToGrpcStatus(status));
+    Complete(status);
+  }
+
+  // Finishes the call with `bytes`, an encoded response, as Reply does.
+  void ReplyBytes(grpc::ByteBuffer bytes) {
+    response_->Swap(&bytes);
+    Complete(absl::OkStatus());
   }
 
   // A store callback that answers the call with the object a write stored, or its error.
@@ -48,6 +90,13 @@ class StoreService::UnaryCall : public grpc::ServerUnaryReactor {
   }
 
  private:
+  // Records the call's metrics and finishes it with `status`.
+  void Complete(const absl::Status& status) {
+    service_->metrics_->ObserveRequest(method_, CodeName(status),
+                                       absl::ToDoubleSeconds(absl::Now() - start_));
+    Finish(ToGrpcStatus(status));
+  }
+
   StoreService* const service_;
   const char* const method_;
   grpc::ByteBuffer* const response_;
@@ -159,8 +208,12 @@ grpc::ServerUnaryReactor* StoreService::List(grpc::CallbackServerContext* ctx,
   return Serve<v1::ListRequest>(ctx, "List", raw, resp,
                                 [this](const v1::ListRequest& req, UnaryCall* call) {
                                   RunRead([this, req, call] {
-                                    auto result = store_->List(req);
-                                    call->Reply(result.status(), result.ok() ? &*result : nullptr);
+                                    auto page = store_->ListObjects(req);
+                                    if (!page.ok()) {
+                                      call->Reply(page.status(), nullptr);
+                                      return;
+                                    }
+                                    call->ReplyBytes(EncodeListResponse(*page));
                                   });
                                 });
 }
