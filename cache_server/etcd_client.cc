@@ -576,19 +576,6 @@ absl::StatusOr<etcdserverpb::RangeResponse> EtcdClient::Range(
   return response;
 }
 
-absl::Status EtcdClient::Compact(int64_t revision) {
-  grpc::ClientContext ctx;
-  PrepareContext(&ctx);
-  etcdserverpb::CompactionRequest request;
-  request.set_revision(revision);
-  request.set_physical(false);
-  etcdserverpb::CompactionResponse response;
-  grpc::Status status = kv_->Compact(&ctx, request, &response);
-  if (status.ok()) return absl::OkStatus();
-  absl::Status error = EtcdError(status, options_.request_timeout);
-  return IsAlreadyCompacted(error) ? absl::OkStatus() : error;
-}
-
 absl::StatusOr<etcdserverpb::StatusResponse> EtcdClient::Status() {
   grpc::ClientContext ctx;
   PrepareContext(&ctx);

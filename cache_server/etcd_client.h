@@ -98,8 +98,6 @@ class EtcdClient {
   // CurrentRevision's.
   absl::StatusOr<etcdserverpb::RangeResponse> Range(const etcdserverpb::RangeRequest& request,
                                                     absl::Time deadline = absl::InfiniteFuture());
-  // KV.Compact (physical=false). A revision that is already compacted is not an error.
-  absl::Status Compact(int64_t revision);
   // Maintenance.Status of whichever member the channel picks.
   absl::StatusOr<etcdserverpb::StatusResponse> Status();
 
